@@ -1,0 +1,228 @@
+#include "dsv41/loader/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "dsv41/common/error.h"
+#include "dsv41/common/numeric.h"
+
+namespace dsv41 {
+
+using json = nlohmann::json;
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string TensorInfo::shape_str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+namespace {
+// Header sizes above this are rejected before parsing: real headers are ~10 MB at most.
+constexpr uint64_t kMaxHeaderBytes = 256ull << 20;
+}  // namespace
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = path;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail("{}: cannot stat: {}", path, std::strerror(errno));
+  }
+  f->size_ = static_cast<size_t>(st.st_size);
+  if (f->size_ > 0) {
+    void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      ::close(fd);
+      fail("{}: cannot mmap: {}", path, std::strerror(errno));
+    }
+    f->map_ = m;
+  }
+  ::close(fd);
+  f->parse(static_cast<const uint8_t*>(f->map_), f->size_);
+  return f;
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::from_memory(const uint8_t* bytes, size_t size,
+                                                              const std::string& label) {
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = label;
+  f->size_ = size;
+  f->parse(bytes, size);
+  return f;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) munmap(map_, size_);
+}
+
+const TensorInfo* SafetensorsFile::find(std::string_view name) const {
+  auto it = by_name_.find(std::string(name));
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+void SafetensorsFile::parse(const uint8_t* bytes, size_t size) {
+  const std::string& p = path_;
+  if (size < 8) fail("{}: truncated: {} bytes, a safetensors file needs at least 8", p, size);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  if (header_len > kMaxHeaderBytes) fail("{}: header length {} is implausible (corrupt file?)", p, header_len);
+  if (header_len > size - 8)
+    fail("{}: truncated: header claims {} bytes but the file has {} after the length", p, header_len, size - 8);
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = size - data_start;
+
+  json h;
+  try {
+    h = json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + data_start));
+  } catch (const json::exception& e) {
+    fail("{}: header is not valid JSON (or not UTF-8): {}", p, e.what());
+  }
+  if (!h.is_object()) fail("{}: header is not a JSON object", p);
+
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (begin, index) for the overlap check
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail("{}: __metadata__ is not an object", p);
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) fail("{}: __metadata__ value of '{}' is not a string", p, m.key());
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (name.empty()) fail("{}: tensor with an empty name", p);
+    if (!v.is_object()) fail("{}: tensor '{}': entry is not an object", p, name);
+    auto dt = v.find("dtype");
+    auto sh = v.find("shape");
+    auto off = v.find("data_offsets");
+    if (dt == v.end() || !dt->is_string()) fail("{}: tensor '{}': missing or non-string dtype", p, name);
+    if (sh == v.end() || !sh->is_array()) fail("{}: tensor '{}': missing or non-array shape", p, name);
+    if (off == v.end() || !off->is_array() || off->size() != 2)
+      fail("{}: tensor '{}': data_offsets must be [begin, end]", p, name);
+    auto dtype = dtype_from_name(dt->get<std::string>());
+    if (!dtype) fail("{}: tensor '{}': unknown dtype '{}'", p, name, dt->get<std::string>());
+
+    TensorInfo t;
+    t.name = name;
+    t.dtype = *dtype;
+    t.file = p;
+    // numel * size with overflow checks
+    unsigned __int128 numel = 1;
+    for (const auto& d : *sh) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        fail("{}: tensor '{}': shape entries must be non-negative integers", p, name);
+      t.shape.push_back(d.get<int64_t>());
+      numel *= static_cast<uint64_t>(t.shape.back());
+      if (numel > (static_cast<unsigned __int128>(1) << 62)) fail("{}: tensor '{}': shape too large", p, name);
+    }
+    for (const auto& o : *off)
+      if (!o.is_number_unsigned() && !(o.is_number_integer() && o.get<int64_t>() >= 0))
+        fail("{}: tensor '{}': data_offsets must be non-negative integers", p, name);
+    const uint64_t b = (*off)[0].get<uint64_t>(), e = (*off)[1].get<uint64_t>();
+    if (b > e) fail("{}: tensor '{}': data_offsets begin {} > end {}", p, name, b, e);
+    const unsigned __int128 expect = numel * dtype_size(t.dtype);
+    if (expect != e - b)
+      fail("{}: tensor '{}': header says {} {} ({} bytes) but data_offsets span {} bytes", p, name,
+           dtype_name(t.dtype), t.shape_str(), static_cast<uint64_t>(expect), e - b);
+    if (e > data_size)
+      fail("{}: tensor '{}': data ends at {} but the data section has only {} bytes (truncated file?)", p, name, e,
+           data_size);
+    t.file_offset = data_start + b;
+    t.nbytes = e - b;
+    t.data = bytes + t.file_offset;
+    ranges.emplace_back(b, tensors_.size());
+    by_name_[name] = tensors_.size();
+    tensors_.push_back(std::move(t));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    const TensorInfo& prev = tensors_[ranges[i - 1].second];
+    const TensorInfo& cur = tensors_[ranges[i].second];
+    const uint64_t prev_end = prev.file_offset - data_start + prev.nbytes;
+    if (ranges[i].first < prev_end && cur.nbytes > 0 && prev.nbytes > 0)
+      fail("{}: tensors '{}' and '{}' overlap in the data section", p, prev.name, cur.name);
+  }
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<int64_t> shape, const void* data,
+                            size_t nbytes) {
+  int64_t numel = 1;
+  for (auto d : shape) numel *= d;
+  DSV_ASSERT(static_cast<uint64_t>(numel) * dtype_size(dtype) == nbytes, "tensor {}: {} bytes for {} elements", name,
+             nbytes, numel);
+  for (const auto& e : entries_) DSV_ASSERT(e.name != name, "duplicate tensor {}", name);
+  Entry e{name, dtype, std::move(shape), {}};
+  e.bytes.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + nbytes);
+  data_size_ += nbytes;
+  entries_.push_back(std::move(e));
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  json h = json::object();
+  if (!metadata_.empty()) h["__metadata__"] = metadata_;
+  uint64_t off = 0;
+  for (const auto& e : entries_) {
+    h[e.name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape}, {"data_offsets", {off, off + e.bytes.size()}}};
+    off += e.bytes.size();
+  }
+  std::string hs = h.dump();
+  while (hs.size() % 8) hs.push_back(' ');
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) fail("{}: cannot create: {}", tmp, std::strerror(errno));
+  uint8_t len[8];
+  uint64_t n = hs.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(hs.data(), static_cast<std::streamsize>(hs.size()));
+  for (const auto& e : entries_) out.write(reinterpret_cast<const char*>(e.bytes.data()), static_cast<std::streamsize>(e.bytes.size()));
+  out.close();
+  if (!out) fail("{}: write failed", tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("{}: cannot rename into place: {}", path, std::strerror(errno));
+}
+
+std::vector<float> tensor_to_f32(const TensorInfo& t) {
+  const int64_t n = t.numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  const uint8_t* d = t.data;
+  DSV_ASSERT(d != nullptr, "tensor {} has no data", t.name);
+  for (int64_t i = 0; i < n; ++i) {
+    float v = 0;
+    switch (t.dtype) {
+      case DType::BF16: { uint16_t x; std::memcpy(&x, d + 2 * i, 2); v = bf16_bits_to_f32(x); break; }
+      case DType::F16: { uint16_t x; std::memcpy(&x, d + 2 * i, 2); v = f16_bits_to_f32(x); break; }
+      case DType::F32: std::memcpy(&v, d + 4 * i, 4); break;
+      case DType::F64: { double x; std::memcpy(&x, d + 8 * i, 8); v = static_cast<float>(x); break; }
+      case DType::I8: v = static_cast<int8_t>(d[i]); break;
+      case DType::U8: case DType::BOOL: v = d[i]; break;
+      case DType::I16: { int16_t x; std::memcpy(&x, d + 2 * i, 2); v = x; break; }
+      case DType::I32: { int32_t x; std::memcpy(&x, d + 4 * i, 4); v = static_cast<float>(x); break; }
+      case DType::I64: { int64_t x; std::memcpy(&x, d + 8 * i, 8); v = static_cast<float>(x); break; }
+      case DType::F8_E4M3: v = e4m3_to_f32(d[i]); break;
+      case DType::F8_E5M2: v = e5m2_to_f32(d[i]); break;
+      case DType::F8_E8M0: v = e8m0_to_f32(d[i]); break;
+    }
+    out[static_cast<size_t>(i)] = v;
+  }
+  return out;
+}
+
+}  // namespace dsv41

@@ -18,5 +18,13 @@ struct Command {
 void register_commands(CLI::App& root, std::vector<Command>& out);
 
 Command add_inspect(CLI::App& root);
+Command add_tokenize(CLI::App& root);
+Command add_render(CLI::App& root);
+Command add_engram_map(CLI::App& root);
+Command add_fabric(CLI::App& root);
+Command add_exl3_dequant(CLI::App& root);
+Command add_mkmodel(CLI::App& root);
+Command add_logits(CLI::App& root);
+Command add_pack_engram(CLI::App& root);
 
 }  // namespace dsv41::cli

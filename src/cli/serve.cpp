@@ -1,10 +1,19 @@
-// The bare form: `dsv41-serve --rank 0 --model DIR ...` (server) or `--rank 1 ...` (worker).
+// The bare form: `dsv41-serve --model DIR ...` serves the OpenAI-compatible API on rank 0.
 #include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <pthread.h>
 
 #include "cli/serve_options.h"
 #include "dsv41/common/error.h"
 #include "dsv41/config/model_config.h"
-#include "dsv41/loader/checkpoint.h"
+#include "dsv41/model/cpu_model.h"
+#include "dsv41/serve/http.h"
+#include "sched/scheduler.h"
+#include "serve/api.h"
+#include "serve/text_backend_impl.h"
 
 namespace dsv41::cli {
 
@@ -25,18 +34,122 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   app.add_option("--device", o.device, "cpu, cuda or auto")->capture_default_str();
   app.add_option("--engram-token-map", o.engram_token_map, "safetensors file with an int32 token_map");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")->capture_default_str();
+  app.add_option("--tokenizer", o.tokenizer, "tokenizer.json to use when the checkpoint folder has none");
+  app.add_option("--served-model-name", o.served_model_names,
+                 "Model id(s) the API answers to (default: the --model argument)");
+  app.add_option("--max-num-seqs", o.max_num_seqs, "Sequences decoded together at most")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  app.add_option("--max-num-batched-tokens", o.max_num_batched_tokens, "Tokens per engine step at most (decode + prefill chunks)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  app.add_option("--max-model-len", o.max_model_len, "Context length limit per request (default: the model's)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-cache-gib", o.kv_cache_gib, "Memory for sequence state (KV cache), GiB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0001, 65536.0));
+  app.add_option("--max-waiting", o.max_waiting, "Queued requests beyond which new ones get 429")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--http-threads", o.http_threads, "HTTP connection threads (a streaming request holds one)")
+      ->capture_default_str()
+      ->check(CLI::Range(4, 4096));
+  app.add_option("--read-timeout", o.read_timeout_s, "Seconds a client may stall while sending a request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  app.add_flag("--no-dspark", o.no_dspark, "Do not load the DSpark (mtp.*) stages");
 }
+
+namespace {
+
+std::string find_tokenizer(const ServeOptions& o) {
+  DSV_CHECK(std::filesystem::is_directory(o.model_dir), "--model {}: no such folder", o.model_dir);
+  const std::string in_ckpt = o.model_dir + "/tokenizer.json";
+  if (std::filesystem::exists(in_ckpt)) return in_ckpt;
+  if (!o.tokenizer.empty()) {
+    DSV_CHECK(std::filesystem::exists(o.tokenizer), "--tokenizer {}: no such file", o.tokenizer);
+    return o.tokenizer;
+  }
+  fail("{} has no tokenizer.json: pass --tokenizer FILE (a Hugging Face tokenizer.json)", o.model_dir);
+}
+
+}  // namespace
 
 int run_serve(const ServeOptions& o) {
   if (o.model_dir.empty()) fail("--model DIR is required (see --help)");
   if (o.rank >= o.world_size) fail("--rank {} must be below --world-size {}", o.rank, o.world_size);
+  if (o.world_size > 1)
+    fail("--world-size {}: tensor-parallel serving across ranks is not available in this version; run one rank "
+         "(--world-size 1)",
+         o.world_size);
+  if (o.device == "cuda") fail("--device cuda: the CUDA backend is not available in this version; use --device cpu");
+  if (o.device != "cpu" && o.device != "auto") fail("--device {}: expected cpu, cuda or auto", o.device);
+
+  std::string api_key = o.api_key;
+  if (api_key.empty())
+    if (const char* env = std::getenv("DSV41_API_KEY")) api_key = env;
+
+  const std::string tok_path = find_tokenizer(o);
+  spdlog::info("loading tokenizer {}", tok_path);
+  auto text = serve::make_text_backend(tok_path);
+
   spdlog::info("loading checkpoint {}", o.model_dir);
-  ModelConfig cfg = load_model_config(o.model_dir + "/config.json");
-  auto problems = validate_config(cfg);
-  if (!problems.empty()) fail("{}/config.json: {} (and {} more)", o.model_dir, problems.front(), problems.size() - 1);
-  auto ckpt = Checkpoint::open(o.model_dir);
-  spdlog::info("checkpoint {} opened: {} tensors, {} bytes", o.model_dir, ckpt->tensors().size(), ckpt->total_bytes());
-  fail("the checkpoint is valid, but serving is not built yet in this version (use `dsv41-serve inspect`)");
+  model::CpuModelOptions mo;
+  mo.engram_token_map = o.engram_token_map;
+  mo.dspark = !o.no_dspark;
+  auto model = model::CpuModel::load(o.model_dir, mo);
+  const ModelConfig& cfg = model->config();
+  DSV_CHECK(static_cast<int64_t>(text->vocab_size()) <= cfg.vocab_size,
+            "the tokenizer has {} tokens but the model's vocabulary is {}", text->vocab_size(), cfg.vocab_size);
+
+  sched::SchedulerOptions so;
+  so.max_num_seqs = o.max_num_seqs;
+  so.max_num_batched_tokens = o.max_num_batched_tokens;
+  so.max_model_len = o.max_model_len;
+  so.kv_cache_gib = o.kv_cache_gib;
+  so.max_waiting = o.max_waiting;
+  sched::Scheduler scheduler(*model, so);
+  const auto& b = scheduler.state_bytes_info();
+  const auto& pool = scheduler.pool();
+  spdlog::info("sequence state: {} B per context token packed (MODEL.md §5.7; {} B as BF16), {} B fixed per sequence "
+               "packed ({} B as BF16)",
+               b.packed_per_token, b.bf16_per_token, b.packed_fixed, b.bf16_fixed);
+  spdlog::info("state pool: {:.3f} GiB = {} blocks of {} tokens; capacity {} tokens (one sequence), max-model-len {}, "
+               "max-num-seqs {}, max-num-batched-tokens {}",
+               o.kv_cache_gib, pool.total_blocks(), pool.block_tokens(), pool.capacity_tokens(),
+               scheduler.max_model_len(), so.max_num_seqs, so.max_num_batched_tokens);
+
+  serve::ApiOptions ao;
+  ao.model_names = o.served_model_names.empty() ? std::vector<std::string>{o.model_dir} : o.served_model_names;
+  ao.api_key = api_key;
+  serve::Api api(scheduler, *text, ao);
+
+  serve::HttpServerOptions ho;
+  ho.host = o.host;
+  ho.port = o.port;
+  ho.threads = o.http_threads;
+  ho.read_timeout_s = o.read_timeout_s;
+  serve::HttpServer http(ho, [&api](const serve::HttpRequest& r) { return api.handle(r); });
+
+  // SIGINT/SIGTERM are taken by sigwait below; every thread started from here inherits the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  scheduler.start();
+  http.start();
+  spdlog::info("serving {} on http://{}:{} (auth {})", ao.model_names.front(), o.host, http.port(),
+               api_key.empty() ? "off" : "on");
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  api.set_ready(false);
+  scheduler.stop();  // closes every channel, so streaming handlers return and HTTP threads free up
+  http.stop();
+  return 0;
 }
 
 }  // namespace dsv41::cli

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 namespace dsv41::cli {
 
@@ -20,6 +21,17 @@ struct ServeOptions {
   std::string device = "auto";
   std::string engram_token_map;
   std::string log_level = "info";
+  // Server and engine loop (rank 0)
+  std::string tokenizer;                       // tokenizer.json when the checkpoint folder has none
+  std::vector<std::string> served_model_names;  // default: the --model argument
+  int64_t max_num_seqs = 16;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t max_model_len = 0;                   // 0: the config's max_position_embeddings
+  double kv_cache_gib = 4.0;
+  int64_t max_waiting = 256;
+  int http_threads = 128;
+  int read_timeout_s = 10;
+  bool no_dspark = false;
 };
 
 void add_serve_options(CLI::App& root, ServeOptions& o);

@@ -1,6 +1,8 @@
 #include "dsv41/config/model_config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,6 +14,29 @@ namespace dsv41 {
 using json = nlohmann::json;
 
 namespace {
+
+// An integer JSON value (or a float with an exact integer value, e.g. 4.0) that fits in int64.
+// Unsigned values above INT64_MAX and non-finite or fractional floats are rejected.
+bool as_int64(const json& p, int64_t& v) {
+  if (p.is_number_unsigned()) {
+    const uint64_t u = p.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return false;
+    v = static_cast<int64_t>(u);
+    return true;
+  }
+  if (p.is_number_integer()) {
+    v = p.get<int64_t>();
+    return true;
+  }
+  if (p.is_number_float()) {
+    const double d = p.get<double>();
+    // the range check comes first: casting an out-of-range double to int64 is undefined
+    if (!(d >= -9.2e18 && d <= 9.2e18) || d != std::floor(d)) return false;
+    v = static_cast<int64_t>(d);
+    return true;
+  }
+  return false;
+}
 
 // Typed reads with precise errors. `req` = key must be present.
 struct Reader {
@@ -28,10 +53,7 @@ struct Reader {
   }
   void get(const char* key, int64_t& v, bool req = true) const {
     if (auto p = at(key, req)) {
-      if (p->is_number_integer()) v = p->get<int64_t>();
-      else if (p->is_number_float() && p->get<double>() == static_cast<double>(static_cast<int64_t>(p->get<double>())))
-        v = static_cast<int64_t>(p->get<double>());
-      else fail("{}: key '{}' must be an integer", where, key);
+      if (!as_int64(*p, v)) fail("{}: key '{}' must be an integer", where, key);
     }
   }
   void get(const char* key, double& v, bool req = true) const {
@@ -57,8 +79,9 @@ struct Reader {
       if (!p->is_array()) fail("{}: key '{}' must be an array of integers", where, key);
       v.clear();
       for (const auto& e : *p) {
-        if (!e.is_number_integer()) fail("{}: key '{}' must be an array of integers", where, key);
-        v.push_back(e.get<int64_t>());
+        int64_t x = 0;
+        if (!as_int64(e, x)) fail("{}: key '{}' must be an array of integers", where, key);
+        v.push_back(x);
       }
     }
   }
@@ -121,6 +144,25 @@ ModelConfig parse_model_config(const std::string& text, const std::string& label
     rq.get("head_bits", hb, false);
     c.quant.head_bits = static_cast<int>(hb);
     rq.get("codebook", c.quant.codebook, false);
+    int64_t mb = 0;
+    rq.get("mtp_bits", mb, false);
+    c.quant.mtp_bits = static_cast<int>(mb);
+    if (hb < INT32_MIN || hb > INT32_MAX || mb < INT32_MIN || mb > INT32_MAX)
+      fail("{}: quantization_config: head_bits/mtp_bits out of range", label);
+  }
+
+  if (auto v = r.at("vision_config", false)) {
+    if (!v->is_object()) fail("{}: 'vision_config' must be an object", label);
+    Reader rv{*v, label + ": vision_config"};
+    rv.get("num_hidden_layers", c.vision.num_hidden_layers);
+    rv.get("hidden_size", c.vision.hidden_size);
+    rv.get("num_attention_heads", c.vision.num_attention_heads);
+    rv.get("intermediate_size", c.vision.intermediate_size);
+    rv.get("patch_size", c.vision.patch_size);
+    rv.get("rope_theta", c.vision.rope_theta, false);
+    rv.get("downsample_ratio", c.vision.downsample_ratio);
+    rv.get("max_image_tokens", c.vision.max_image_tokens, false);
+    rv.get("min_pixels", c.vision.min_pixels, false);
   }
 
   // text_config: nested in the HF file; a flat file (all keys at the root) is accepted too.

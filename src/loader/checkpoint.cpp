@@ -21,6 +21,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   nlohmann::json weight_map;
   if (fs::exists(index)) {
     std::ifstream in(index);
+    if (!in) fail("{}: cannot open", index.string());
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(in);
@@ -33,7 +34,11 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     std::set<std::string> uniq;
     for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
       if (!it.value().is_string()) fail("{}: weight_map['{}'] is not a file name", index.string(), it.key());
-      uniq.insert(it.value().get<std::string>());
+      const std::string& f = it.value().get_ref<const std::string&>();
+      // shards live in the folder itself: no paths, so an index cannot point outside it
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        fail("{}: weight_map['{}'] = '{}' is not a file name in the folder", index.string(), it.key(), f);
+      uniq.insert(f);
     }
     files.assign(uniq.begin(), uniq.end());
   } else {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "dsv41/common/error.h"
 #include "dsv41/common/numeric.h"
@@ -33,6 +34,47 @@ std::string TensorInfo::shape_str() const {
 namespace {
 // Header sizes above this are rejected before parsing: real headers are ~10 MB at most.
 constexpr uint64_t kMaxHeaderBytes = 256ull << 20;
+
+// Offset of the first byte that breaks UTF-8 (overlong forms, surrogates and code points above
+// U+10FFFF included), or npos when the text is valid.
+size_t first_invalid_utf8(const uint8_t* s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    const uint8_t c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    else return i;
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      if ((s[i + k] & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
+// The JSON string literal around header offset `at`, printable (other bytes as \xNN), so an
+// error can name the tensor whose name is broken.
+std::string string_around(const uint8_t* s, size_t n, size_t at) {
+  size_t b = at, e = at;
+  while (b > 0 && !(s[b - 1] == '"' && (b < 2 || s[b - 2] != '\\')) && at - b < 200) --b;
+  while (e < n && s[e] != '"' && e - at < 200) ++e;
+  std::string out;
+  for (size_t i = b; i < e; ++i) {
+    if (s[i] >= 0x20 && s[i] < 0x7F) out.push_back(static_cast<char>(s[i]));
+    else out += fmt::format("\\x{:02x}", s[i]);
+  }
+  return out;
+}
 }  // namespace
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
@@ -88,11 +130,22 @@ void SafetensorsFile::parse(const uint8_t* bytes, size_t size) {
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = size - data_start;
 
+  if (size_t bad = first_invalid_utf8(bytes + 8, header_len); bad != std::string::npos)
+    fail("{}: header is not valid UTF-8 at byte {}, in \"{}\" (a tensor name or value)", p, 8 + bad,
+         string_around(bytes + 8, header_len, bad));
   json h;
+  // Duplicate top-level keys would silently shadow each other in the parsed object.
+  std::unordered_set<std::string> seen;
+  auto no_duplicates = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key && !seen.insert(parsed.get<std::string>()).second)
+      fail("{}: tensor '{}' appears more than once in the header", p, parsed.get<std::string>());
+    return true;
+  };
   try {
-    h = json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + data_start));
+    h = json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + data_start),
+                    no_duplicates);
   } catch (const json::exception& e) {
-    fail("{}: header is not valid JSON (or not UTF-8): {}", p, e.what());
+    fail("{}: header is not valid JSON: {}", p, e.what());
   }
   if (!h.is_object()) fail("{}: header is not a JSON object", p);
 
@@ -152,13 +205,20 @@ void SafetensorsFile::parse(const uint8_t* bytes, size_t size) {
     by_name_[name] = tensors_.size();
     tensors_.push_back(std::move(t));
   }
+  // Sorted by start, a tensor overlaps an earlier one exactly when it starts before the furthest
+  // end seen so far (empty tensors occupy nothing and are skipped).
   std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    const TensorInfo& prev = tensors_[ranges[i - 1].second];
-    const TensorInfo& cur = tensors_[ranges[i].second];
-    const uint64_t prev_end = prev.file_offset - data_start + prev.nbytes;
-    if (ranges[i].first < prev_end && cur.nbytes > 0 && prev.nbytes > 0)
-      fail("{}: tensors '{}' and '{}' overlap in the data section", p, prev.name, cur.name);
+  uint64_t reach = 0;
+  size_t reach_owner = 0;
+  bool any = false;
+  for (const auto& [begin, idx] : ranges) {
+    const TensorInfo& cur = tensors_[idx];
+    if (cur.nbytes == 0) continue;
+    if (any && begin < reach)
+      fail("{}: tensors '{}' and '{}' overlap in the data section", p, tensors_[reach_owner].name, cur.name);
+    const uint64_t end = begin + cur.nbytes;
+    if (!any || end > reach) reach = end, reach_owner = idx;
+    any = true;
   }
 }
 

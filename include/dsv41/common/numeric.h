@@ -18,10 +18,36 @@ inline float bf16_bits_to_f32(uint16_t h) { return std::bit_cast<float>(static_c
 // Rounds an fp32 value to the nearest bf16 value (returned widened to fp32).
 inline float bf16_round(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
 
-// ---- IEEE binary16 (GCC/Clang _Float16: correctly rounded conversions) ----
-inline uint16_t f32_to_f16_bits(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
-inline uint16_t f64_to_f16_bits(double f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
-inline float f16_bits_to_f32(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
+// ---- IEEE binary16, in software: _Float16 is not available on every compiler/target (clang 14
+// on x86-64 rejects it), and one rounding from double also serves the f64 path exactly ----
+inline uint16_t f64_to_f16_bits(double d) {
+  const uint16_t sign = std::signbit(d) ? 0x8000 : 0;
+  if (std::isnan(d)) return static_cast<uint16_t>(sign | 0x7E00);
+  const double a = std::fabs(d);
+  if (a >= 65520.0) return static_cast<uint16_t>(sign | 0x7C00);  // beyond max + half ulp: inf (RNE)
+  if (a < 0x1p-14) {  // subnormal grid 2^-24; nearbyint rounds half to even in the default mode
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::nearbyint(a * 0x1p24)));
+  }
+  int ex = 0;
+  std::frexp(a, &ex);  // a = f * 2^ex, f in [0.5, 1)
+  int e = ex - 1;      // a in [2^e, 2^(e+1))
+  double m = std::nearbyint(std::ldexp(a, 10 - e));  // [1024, 2048], exact scaling
+  if (m >= 2048.0) m = 1024.0, ++e;
+  if (e > 15) return static_cast<uint16_t>(sign | 0x7C00);
+  return static_cast<uint16_t>(sign | ((e + 15) << 10) | (static_cast<uint16_t>(m) - 1024));
+}
+inline uint16_t f32_to_f16_bits(float f) { return f64_to_f16_bits(static_cast<double>(f)); }
+inline float f16_bits_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const int e = (h >> 10) & 0x1F;
+  const uint32_t m = h & 0x3FF;
+  if (e == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));  // inf / NaN
+  if (e == 0) {
+    const float v = std::ldexp(static_cast<float>(m), -24);
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | (static_cast<uint32_t>(e - 15 + 127) << 23) | (m << 13));
+}
 inline float f16_round(float f) { return f16_bits_to_f32(f32_to_f16_bits(f)); }
 
 // ---- FP8 e4m3fn (bias 7, no inf, 0x7F/0xFF NaN, max 448, subnormals m*2^-9) ----

@@ -25,6 +25,22 @@ struct QuantizationConfig {
   double bits = 0.0;
   int head_bits = 0;
   std::string codebook;
+  int mtp_bits = 0;  // exl3: K of the DSpark (mtp.*) linears when the file says so (0 = unknown)
+};
+
+// vision_config (HF names). The engine is text-only; these sizes only shape the vision tensors of
+// the checkpoint manifest (MODEL.md §3.2) and the MoE routers' `bias_vl` (present iff vision is).
+struct VisionConfig {
+  int64_t num_hidden_layers = 0;  // 0 = no vision tower
+  int64_t hidden_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t intermediate_size = 0;
+  int64_t patch_size = 0;
+  double rope_theta = 10000.0;
+  int64_t downsample_ratio = 1;
+  int64_t max_image_tokens = 0;
+  int64_t min_pixels = 0;
+  bool enabled() const { return num_hidden_layers > 0; }
 };
 
 struct ModelConfig {
@@ -80,6 +96,8 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;
 
+  VisionConfig vision;  // root `vision_config`; absent = no vision tower
+
   // ---- derived helpers ----
   int64_t ratio(int64_t layer) const { return compress_ratios.at(static_cast<size_t>(layer)); }
   bool is_kv_source(int64_t layer) const;
@@ -89,6 +107,11 @@ struct ModelConfig {
   int64_t kv_source_for(int64_t layer) const;       // latest KV source <= layer (-1 if none)
   int64_t index_source_for(int64_t layer) const;    // latest index source <= layer (-1 if none)
   int64_t n_engram_columns() const { return (engram_max_ngram_size - 1) * engram_n_heads; }
+  int64_t n_total_layers() const { return num_hidden_layers + num_nextn_predict_layers; }
+  // Routed experts / top-k of a DSpark stage: the dspark_* values, or the backbone's when 0
+  // (the reference's ModelArgs.get_moe_config).
+  int64_t dspark_experts() const { return dspark_n_routed_experts > 0 ? dspark_n_routed_experts : n_routed_experts; }
+  int64_t dspark_topk() const { return dspark_num_experts_per_tok > 0 ? dspark_num_experts_per_tok : num_experts_per_tok; }
 };
 
 // Parses config.json (root + text_config). Throws dsv41::Error naming the file and key for a
@@ -96,7 +119,15 @@ struct ModelConfig {
 ModelConfig load_model_config(const std::string& path);
 ModelConfig parse_model_config(const std::string& json_text, const std::string& label);
 
-// Every structural constraint the forward pass relies on; returns one message per problem.
+// Every structural constraint the forward pass relies on; returns one message per problem, each
+// naming the config key at fault (empty = valid).
 std::vector<std::string> validate_config(const ModelConfig& c);
+
+// The prime row count of every Engram column, per Engram layer in engram_layer_ids order
+// (MODEL.md §3.5: one running search upward from engram_vocab_size - 1, no prime used twice).
+// A table's rows are these blocks back to back, so each layer's primes sum to its
+// engram_num_embeddings. Throws dsv41::Error when the Engram sizes are out of range.
+std::vector<std::vector<int64_t>> engram_column_primes(const ModelConfig& c);
+bool is_prime_u64(uint64_t n);
 
 }  // namespace dsv41

@@ -14,6 +14,10 @@ namespace dsv41 {
 struct SeqState {
   virtual ~SeqState() = default;
   int64_t n_past = 0;  // tokens already processed; the next token sits at this position
+  // Total prompt length when a prompt is prefilled in several chunks (0 = unknown). Chunks then use
+  // the index-list layout of a one-shot prefill of the whole prompt, so chunked == one-shot; a
+  // one-token step at or beyond this length is a decode step.
+  int64_t prompt_len = 0;
 };
 
 struct ForwardItem {

@@ -1,0 +1,46 @@
+// Validated entry points of the EXL3 CUDA kernels (kernels/exl3/). Available when the build has
+// CUDA (DSV41_HAS_CUDA). Every function throws dsv41::Error with one precise message on bad
+// arguments or a failed launch; launches are asynchronous and graph-capturable.
+#pragma once
+#if DSV41_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "exl3/exl3_gemm.h"
+#include "exl3/exl3_moe.h"
+
+namespace dsv41::ops {
+
+using exl3::cuda::ActType;
+using exl3::cuda::Exl3Matrix;
+using exl3::cuda::GemmParams;
+using exl3::cuda::GemmPath;
+using exl3::cuda::GemmPlan;
+using exl3::cuda::MoeParams;
+
+// SM count of the current device (cached per device).
+int current_sm_count();
+
+// Path and k-split for y = x·W with m rows; `path`/`splits` force a choice (0 = heuristic).
+GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path = GemmPath::Auto, int splits = 0);
+
+// Workspace bytes that cover every auto-planned call with 1..m_max rows.
+size_t exl3_gemm_workspace_bytes(const Exl3Matrix& w, int64_t m_max);
+
+// Zeroes a freshly allocated workspace (its ticket counters); kernels keep it reusable.
+void exl3_workspace_init(void* workspace, size_t bytes, cudaStream_t stream);
+
+// y = x·W (+ bias). Plans with p.path / p.splits, validates shapes, pointers and the workspace.
+void exl3_gemm(const GemmParams& p, cudaStream_t stream);
+
+// Decodes W_hat [k][n] fp16 (bit-exact with EXL3.md §2.6) with the kernels' own decoder.
+void exl3_reconstruct(const Exl3Matrix& w, uint16_t* w_hat, cudaStream_t stream);
+
+// One MoE layer for m <= 8 tokens in two launches (see exl3_moe.h).
+size_t exl3_moe_workspace_bytes(const MoeParams& p);
+void exl3_moe(const MoeParams& p, cudaStream_t stream);
+
+}  // namespace dsv41::ops
+#endif

@@ -1,0 +1,73 @@
+// EXL3 linear on the GPU: y = ((x ⊙ suh)·B_k · W_hat · B_n) ⊙ svh + bias (EXL3.md §3.1), with the
+// trellis decoded in registers. Host-side launcher; device code in exl3_gemm_kernel.cuh.
+//
+// Paths (chosen by gemm_plan, or forced):
+//   int8   m <= 4, MUL1 only. x_had is quantised per block to two int8 levels (hi + lo/254, about
+//          16 bits of precision relative to the block's amax); the MUL1 byte sum is folded into
+//          a u8 x s8 tensor-core product, so each weight costs one extraction + one IMAD. Values
+//          are the affine MUL1 codebook (no per-weight fp16 rounding).
+//   f16    m <= 8, any codebook: bit-exact fp16 decode, one m16n8k16 mma per tile for all rows.
+//   large  m > 8: x_had is formed once by a prologue kernel; each decoded tile feeds 64 rows.
+// Every path splits k across blocks when that fills the GPU better; the partial sums are reduced
+// in a fixed order by the last block of each output group (no floating-point atomics).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dsv41::exl3::cuda {
+
+enum class ActType : int { F16 = 0, BF16 = 1, F32 = 2 };
+
+// One EXL3 linear resident on the device (all pointers device memory).
+struct Exl3Matrix {
+  const uint16_t* trellis = nullptr;  // [k/16][n/16][16*bits] tiles (EXL3.md §2.1)
+  const uint16_t* suh = nullptr;      // [k] fp16
+  const uint16_t* svh = nullptr;      // [n] fp16
+  const uint16_t* bias = nullptr;     // [n] fp16, may be nullptr
+  int32_t k = 0, n = 0;               // padded sizes, multiples of 128
+  int32_t bits = 0;                   // K, 1..8
+  int32_t codebook = 2;               // 0 = 3INST, 1 = MCG, 2 = MUL1
+};
+
+enum class GemmPath : int { Auto = 0, F16 = 1, Int8 = 2, Large = 3 };
+
+struct GemmPlan {
+  GemmPath path = GemmPath::Auto;
+  int splits = 1;        // k-splits per output group
+  int kt_per_split = 0;  // k-tiles (16 rows) per split, a multiple of 8
+  int m_blocks = 1;      // row blocks (large path: 64 rows each)
+  size_t workspace = 0;  // bytes of workspace needed
+};
+
+struct GemmParams {
+  Exl3Matrix w;
+  const void* x = nullptr;  // [m][x_stride], x_cols valid values per row (zero-extended to k)
+  ActType x_type = ActType::F16;
+  int64_t m = 0, x_cols = 0, x_stride = 0;
+  void* y = nullptr;  // [m][y_stride], first y_cols columns written (padded columns trimmed)
+  ActType y_type = ActType::F16;
+  int64_t y_cols = 0, y_stride = 0;
+  void* workspace = nullptr;  // zeroed once by gemm_workspace_init; reusable across calls
+  size_t workspace_bytes = 0;
+  GemmPath path = GemmPath::Auto;  // force a path (tests, benchmark)
+  int splits = 0;                  // force a k-split count (0 = heuristic)
+};
+
+// Launches one planned problem (1 kernel; 2 for the large path). Graph-capturable, no host
+// synchronisation. Trusts its arguments: validation and planning live in dsv41/ops/exl3_gpu.h.
+// `plan.path` must be resolved (not Auto). Returns the launch status.
+cudaError_t launch_gemm(const GemmParams& p, const GemmPlan& plan, cudaStream_t stream);
+
+// W_hat [k][n] fp16 decoded by the kernels' decoder (one warp per tile).
+cudaError_t launch_reconstruct(const Exl3Matrix& w, uint16_t* w_hat, cudaStream_t stream);
+
+// Workspace layout shared by planner and launcher.
+constexpr size_t kCounterBytes = 64 * 1024;  // ticket counters, zeroed once, reset by kernels
+constexpr int kMaxSmallRows = 512;           // k rows one small-m block stages
+constexpr int kLargeRows = 64;               // rows per block on the large path
+size_t gemm_workspace_bytes(const Exl3Matrix& w, int64_t m, const GemmPlan& plan);
+size_t gemm_smem_bytes(const Exl3Matrix& w, GemmPath path, int rows_per_block);
+
+}  // namespace dsv41::exl3::cuda

@@ -1,0 +1,64 @@
+// Grouped EXL3 MoE layer for a few tokens (decode, speculative verify: m <= 8) in two launches:
+//   1. gate_up: every (selected expert, gate|up, 128-column group, k-split) is one block; the last
+//      block of an (expert, column group) applies both output Hadamards, svh, the clamped SwiGLU of
+//      MODEL.md §5.5 (u clamped to ±limit, g clamped above at limit, silu(g)·u), the routing
+//      weight, the down projection's suh and input Hadamard, and writes act_had.
+//   2. down: every (expert, 128-column group of the output, k-split) is one block; the last block
+//      of a column group sums the experts in increasing expert id, shared expert last, and writes y.
+// Experts are selected on the device from topk ids, so one graph serves every routing. Each
+// matrix has its own K and codebook. Sums use fixed orders only (no floating-point atomics).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "exl3/exl3_gemm.h"
+
+namespace dsv41::exl3::cuda {
+
+struct MoeParams {
+  // Device arrays of n_experts (+1 with the shared expert at index n_experts) matrices.
+  const Exl3Matrix* gate = nullptr;  // [hidden -> inter]
+  const Exl3Matrix* up = nullptr;    // [hidden -> inter]
+  const Exl3Matrix* down = nullptr;  // [inter -> hidden]
+  int n_experts = 0;
+  bool has_shared = false;
+  int hidden = 0;    // padded k of gate/up and n of down
+  int inter = 0;     // padded n of gate/up and k of down
+  int max_bits = 0;  // largest K in the tables (sizes shared memory)
+  float swiglu_limit = 10.0f;  // <= 0: no clamp
+
+  const void* x = nullptr;  // [m][x_stride] activations, x_cols valid
+  ActType x_type = ActType::BF16;
+  int m = 0;
+  int64_t x_cols = 0, x_stride = 0;
+  const int32_t* topk_ids = nullptr;    // device [m][topk]; ids outside [0, n_experts) are skipped
+  const float* topk_weights = nullptr;  // device [m][topk]
+  int topk = 0;
+
+  void* y = nullptr;  // [m][y_stride], y_cols written
+  ActType y_type = ActType::F32;
+  int64_t y_cols = 0, y_stride = 0;
+
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int splits_gate_up = 0, splits_down = 0;  // 0 = heuristic
+  int int8 = -1;                            // -1 auto (m <= 4 and MUL1), 0 never
+};
+
+struct MoePlan {
+  bool int8 = false;
+  int max_slots = 0;
+  int splits_gu = 1, kt_gu = 0;
+  int splits_dn = 1, kt_dn = 0;
+  size_t smem_gu = 0, smem_dn = 0;
+  size_t workspace = 0;
+};
+
+// Shared by planner and launcher.
+size_t moe_workspace_bytes(const MoeParams& p, const MoePlan& plan);
+size_t moe_smem_bytes(int max_bits, int rows);
+cudaError_t launch_moe(const MoeParams& p, const MoePlan& plan, cudaStream_t stream);
+
+}  // namespace dsv41::exl3::cuda

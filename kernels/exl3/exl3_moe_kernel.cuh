@@ -1,0 +1,105 @@
+// Device code of the grouped MoE kernels (see exl3_moe.h).
+#pragma once
+#include "exl3/exl3_block.cuh"
+#include "exl3/exl3_moe.h"
+
+namespace dsv41::exl3::dev {
+
+constexpr int kMoeMaxExperts = 1024;  // bitmap of 32 words
+constexpr int kMoeMaxSlots = 8 * 16 + 1;
+
+struct MoeArgs {
+  cuda::MoeParams p;
+  int max_slots, splits_gu, kt_gu, splits_dn, kt_dn;
+  bool int8;
+  int* ctr_gu;    // [max_slots][inter/128]
+  int* ctr_dn;    // [hidden/128]
+  float* part_gu; // [max_slots][2][splits_gu][8][inter]
+  float* act;     // [max_slots][8][inter]  (down input, Hadamard basis)
+  float* part_dn; // [max_slots][splits_dn][8][hidden]
+};
+
+struct SlotTable {
+  int n;
+  int expert[kMoeMaxSlots];
+  float weight[kMoeMaxSlots][8];
+};
+
+// Distinct selected experts in increasing id, then the shared expert; per-token routing weights
+// (0 where a token did not select the expert). Every block builds the same table.
+__device__ inline void build_slots(const cuda::MoeParams& p, SlotTable& st) {
+  __shared__ uint32_t bits[32];
+  __shared__ int before[32];
+  const int tid = threadIdx.x;
+  if (tid < 32) bits[tid] = 0u;
+  for (int i = tid; i < kMoeMaxSlots * 8; i += kThreads) (&st.weight[0][0])[i] = 0.0f;
+  __syncthreads();
+  const int nsel = p.m * p.topk;
+  for (int i = tid; i < nsel; i += kThreads) {
+    const int e = p.topk_ids[i];
+    if (e >= 0 && e < p.n_experts) atomicOr(&bits[e >> 5], 1u << (e & 31));
+  }
+  __syncthreads();
+  if (tid < 32) {
+    int c = 0;
+    for (int j = 0; j < tid; ++j) c += __popc(bits[j]);
+    before[tid] = c;
+  }
+  __syncthreads();
+  auto slot_of = [&](int e) { return before[e >> 5] + __popc(bits[e >> 5] & ((1u << (e & 31)) - 1u)); };
+  for (int e = tid; e < 32 * 32; e += kThreads)
+    if (bits[e >> 5] & (1u << (e & 31))) st.expert[slot_of(e)] = e;
+  const int nrouted = before[31] + __popc(bits[31]);
+  // top-k ids of one token are distinct, so each (slot, token) is written at most once.
+  for (int i = tid; i < nsel; i += kThreads) {
+    const int e = p.topk_ids[i];
+    if (e >= 0 && e < p.n_experts) st.weight[slot_of(e)][i / p.topk] = p.topk_weights[i];
+  }
+  if (tid == 0) {
+    st.n = nrouted + (p.has_shared ? 1 : 0);
+    if (p.has_shared) st.expert[nrouted] = p.n_experts;
+  }
+  if (p.has_shared && tid < p.m) st.weight[nrouted][tid] = 1.0f;
+  __syncthreads();
+}
+
+// Runs the small-m block for a matrix whose K and codebook are known only at run time.
+__device__ __forceinline__ float* small_block_any(const cuda::Exl3Matrix& w, const XSource& xs,
+                                                  int ng, int kt0, int kt1, unsigned char* smem,
+                                                  bool int8) {
+#define DSV41_EXL3_CASE(KK)                                                            \
+  case KK:                                                                             \
+    if (int8 && w.codebook == 2) return small_block<KK, 2, true>(w, xs, ng, kt0, kt1, smem); \
+    if (w.codebook == 0) return small_block<KK, 0, false>(w, xs, ng, kt0, kt1, smem);  \
+    if (w.codebook == 1) return small_block<KK, 1, false>(w, xs, ng, kt0, kt1, smem);  \
+    return small_block<KK, 2, false>(w, xs, ng, kt0, kt1, smem);
+  switch (w.bits) {
+    DSV41_EXL3_CASE(1)
+    DSV41_EXL3_CASE(2)
+    DSV41_EXL3_CASE(3)
+    DSV41_EXL3_CASE(4)
+    DSV41_EXL3_CASE(5)
+    DSV41_EXL3_CASE(6)
+    DSV41_EXL3_CASE(7)
+    default:
+    DSV41_EXL3_CASE(8)
+  }
+#undef DSV41_EXL3_CASE
+}
+
+// Claims a ticket of a group; true in the block that arrives last (which then resets it).
+__device__ __forceinline__ bool last_arrival(int* ctr, int expected) {
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(ctr, 1) == expected - 1;
+    if (last) *ctr = 0;
+    s_last = last;
+  }
+  __syncthreads();
+  if (s_last) __threadfence();
+  return s_last;
+}
+
+}  // namespace dsv41::exl3::dev

@@ -1,0 +1,6 @@
+// Linear-kernel instances for K = 1 (see exl3_gemm_inst.cuh).
+#include "exl3/exl3_gemm_inst.cuh"
+
+namespace dsv41::exl3::dev {
+void gemm_table_k1(GemmKernelFn (&table)[3][3]) { fill_gemm_table<1>(table); }
+}  // namespace dsv41::exl3::dev

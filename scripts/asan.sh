@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# AddressSanitizer + LeakSanitizer (+ UBSan) run of the server tests: the engine loop, the API,
+# and the real-socket concurrency test (64 streams with random disconnects). Uses its own build
+# folder (build-asan, or $DSV41_ASAN_BUILD_DIR) configured with -DDSV41_SANITIZE=ON.
+#   scripts/asan.sh            # build + run
+#   scripts/asan.sh FILTER     # a gtest filter instead of the default set
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${DSV41_ASAN_BUILD_DIR:-build-asan}
+FILTER=${1:-'Scheduler.*:Api.*:Chat.*:Socket.*:Sampling.*'}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DDSV41_CUDA=OFF -DDSV41_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$BUILD_DIR" -j "${DSV41_JOBS:-2}" --target test_serve
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+"$BUILD_DIR/tests/test_serve" --gtest_filter="$FILTER"
+echo "asan: clean"

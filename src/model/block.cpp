@@ -1,0 +1,228 @@
+// One V4.1 block (MODEL.md §5.2): single-pass mHC around attention and MoE; plus the MoE (§5.5)
+// and the Engram module (§5.3), and the DSpark block attention (§6.3).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "dsv41/common/error.h"
+#include "dsv41/common/numeric.h"
+#include "dsv41/common/parallel.h"
+#include "model/ops/torch_sum.h"
+#include "model/ops/dot.h"
+#include "model/cpu_impl.h"
+#include "model/linears.h"
+#include "model/ops/mhc.h"
+#include "model/ops/quant.h"
+#include "model/ops/sparse_attn.h"
+#include "model/ops/topk.h"
+
+namespace dsv41::model {
+namespace {
+
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// Expert(x, wt): SwiGLU with the reference's clamps; routed experts scale the activation by wt.
+void run_expert(const Expert& e, const float* x, int64_t n, const float* wt, double limit, float* y) {
+  const int64_t inter = e.w1->out_features();
+  std::vector<float> g(static_cast<size_t>(n * inter)), u(static_cast<size_t>(n * inter));
+  linear_bf16(*e.w1, x, n, g.data());
+  linear_bf16(*e.w3, x, n, u.data());
+  const float lim = static_cast<float>(limit);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = 0; i < inter; ++i) {
+      float gv = g[t * inter + i], uv = u[t * inter + i];
+      if (lim > 0) {
+        uv = std::clamp(uv, -lim, lim);
+        gv = std::min(gv, lim);
+      }
+      float act = gv / (1.0f + std::exp(-gv)) * uv;
+      if (wt) act = wt[t] * act;
+      g[t * inter + i] = bf16_round(act);
+    }
+  }
+  linear_bf16(*e.w2, g.data(), n, y);
+}
+
+}  // namespace
+
+void CpuModel::Impl::moe(const MoeWeights& w, const float* x, int64_t n, float* out) const {
+  const ModelConfig& c = cfg;
+  const int64_t dim = c.hidden_size, E = w.n_experts, K = w.top_k;
+  std::vector<std::vector<int64_t>> sel(static_cast<size_t>(n));
+  std::vector<std::vector<float>> wts(static_cast<size_t>(n));
+  const float temp = static_cast<float>(c.gate_temp);
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> s(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      float z = gemm_dot_f32(&w.gate_w[e * dim], &x[t * dim], dim);
+      z = z / temp;
+      if (c.scoring_func == "sigmoid") s[e] = 1.0f / (1.0f + std::exp(-z));
+      else s[e] = std::sqrt(softplus(z));
+      biased[e] = s[e] + w.gate_bias[e];
+    }
+    if (c.scoring_func == "softmax") {
+      // softmax scores over the raw logits (kept for completeness; V4.1 uses sqrtsoftplus)
+      float mx = -INFINITY, sum = 0.0f;
+      std::vector<float> z(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e) {
+        float v = 0.0f;
+        for (int64_t k = 0; k < dim; ++k) v += w.gate_w[e * dim + k] * x[t * dim + k];
+        z[e] = v / temp;
+        mx = std::max(mx, z[e]);
+      }
+      for (int64_t e = 0; e < E; ++e) sum += (s[e] = std::exp(z[e] - mx));
+      for (int64_t e = 0; e < E; ++e) biased[e] = (s[e] /= sum) + w.gate_bias[e];
+    }
+    // Selection order (by biased score) is kept: the weights are summed in that order.
+    const std::vector<int32_t> top = torch_topk_indices(biased, K);
+    std::vector<int64_t> idx(top.begin(), top.end());
+    std::vector<float> wt(static_cast<size_t>(K));
+    float sum = 0.0f;
+    for (int64_t i = 0; i < K; ++i) sum += (wt[i] = s[idx[i]]);
+    for (int64_t i = 0; i < K; ++i) {
+      if (c.norm_topk_prob && K > 1) wt[i] /= (sum + 1e-20f);
+      wt[i] *= static_cast<float>(c.routed_scaling_factor);
+    }
+    sel[t] = std::move(idx);
+    wts[t] = std::move(wt);
+  }
+  std::vector<float> y(static_cast<size_t>(n * dim), 0.0f);
+  // Experts in increasing id; each token adds its routed outputs in that order (fp32).
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int64_t> toks;
+    std::vector<float> tw;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < K; ++i)
+        if (sel[t][i] == e) {
+          toks.push_back(t);
+          tw.push_back(wts[t][i]);
+        }
+    if (toks.empty()) continue;
+    const int64_t m = static_cast<int64_t>(toks.size());
+    std::vector<float> xs(static_cast<size_t>(m * dim)), ys(static_cast<size_t>(m * dim));
+    for (int64_t i = 0; i < m; ++i) std::copy_n(x + toks[i] * dim, dim, &xs[i * dim]);
+    run_expert(w.experts[static_cast<size_t>(e)], xs.data(), m, tw.data(), c.swiglu_limit, ys.data());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t d = 0; d < dim; ++d) y[toks[i] * dim + d] += ys[i * dim + d];
+  }
+  std::vector<float> sh(static_cast<size_t>(n * dim));
+  run_expert(w.shared, x, n, nullptr, c.swiglu_limit, sh.data());
+  for (int64_t i = 0; i < n * dim; ++i) out[i] = bf16_round(y[i] + sh[i]);
+}
+
+void CpuModel::Impl::engram(const EngramWeights& w, const int64_t* hash_rows, const float* /*h_in*/, float* h,
+                            int64_t n) const {
+  const ModelConfig& c = cfg;
+  const int64_t cols = c.n_engram_columns(), hdim = c.engram_head_dim, dim = c.hidden_size, hc = c.hc_mult;
+  const int64_t in = cols * hdim, nsb = (hdim + 31) / 32;
+  std::vector<float> rows(static_cast<size_t>(n * in)), kv(static_cast<size_t>(n * (hc + 1) * dim));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t col = 0; col < cols; ++col) {
+      const int64_t r = hash_rows[t * cols + col];
+      DSV_ASSERT(r >= 0 && r < w.table->shape[0], "engram row {} out of range", r);
+      for (int64_t d = 0; d < hdim; ++d)
+        rows[t * in + col * hdim + d] = bf16_round(e4m3_to_f32(w.table->data[r * hdim + d]) *
+                                                   e8m0_to_f32(w.table_scale->data[r * nsb + d / 32]));
+    }
+  linear_bf16(*w.wkv, rows.data(), n, kv.data());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(dim), -0.5));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* kvt = &kv[t * (hc + 1) * dim];
+    const float* value = kvt + hc * dim;
+    for (int64_t j = 0; j < hc; ++j) {
+      float* hj = &h[(t * hc + j) * dim];
+      const float* kj = kvt + j * dim;
+      const float* gw = &w.gate_w[j * dim];
+      std::vector<float> hwk(static_cast<size_t>(dim));
+      for (int64_t d = 0; d < dim; ++d) hwk[d] = (hj[d] * gw[d]) * kj[d];
+      const float dot = torch_sum_f32(hwk.data(), dim);
+      const float rstd = (1.0f / std::sqrt(torch_mean_sq_f32(hj, dim) + eps)) *
+                         (1.0f / std::sqrt(torch_mean_sq_f32(kj, dim) + eps));
+      const float dd = dot * rstd * inv_sqrt_dim;
+      const float mag = std::sqrt(std::max(std::fabs(dd), 1e-6f));
+      const float gate = 1.0f / (1.0f + std::exp(-std::copysign(mag, dd)));
+      for (int64_t d = 0; d < dim; ++d) hj[d] = bf16_round(hj[d] + gate * value[d]);
+    }
+  }
+}
+
+void CpuModel::Impl::dspark_attention(const BlockWeights& b, int64_t stage, const CpuSeqState& st, const float* x,
+                                      int64_t n, int64_t P, float* out) const {
+  const ModelConfig& c = cfg;
+  const AttnWeights& a = b.attn;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim, rd = c.qk_rope_head_dim, win = c.sliding_window;
+  const int64_t qlr = c.q_lora_rank;
+  const double eps = c.rms_norm_eps;
+  std::vector<float> qr(static_cast<size_t>(n * qlr)), q(static_cast<size_t>(n * H * hd)),
+      kv(static_cast<size_t>(n * hd));
+  linear_bf16(*a.wq_a, x, n, qr.data());
+  for (int64_t t = 0; t < n; ++t) rms_norm(&qr[t * qlr], a.q_norm.data(), qlr, eps, &qr[t * qlr]);
+  linear_bf16(*a.wq_b, qr.data(), n, q.data());
+  linear_bf16(*a.wkv, x, n, kv.data());
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = P + 1 + t;
+    for (int64_t h = 0; h < H; ++h) b.rope.apply(&q[(t * H + h) * hd + hd - rd], pos);
+    float* k = &kv[t * hd];
+    rms_norm(k, a.kv_norm.data(), hd, eps, k);
+    b.rope.apply(k + hd - rd, pos);
+    qdq8_inplace(k, hd);
+  }
+  // Ring slots in slot order (not oldest first), then every block row (non-causal).
+  const std::vector<float>& ring = st.dspark_ring[static_cast<size_t>(stage)];
+  std::vector<const float*> rows;
+  for (int64_t s = 0; s < std::min(win, P + 1); ++s) rows.push_back(&ring[s * hd]);
+  for (int64_t t = 0; t < n; ++t) rows.push_back(&kv[t * hd]);
+  std::vector<float> o(static_cast<size_t>(n * H * hd));
+  const float scale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5));
+  for (int64_t t = 0; t < n; ++t) {
+    float* ot = &o[t * H * hd];
+    sparse_attention(&q[t * H * hd], rows, a.sink.data(), scale, H, hd, ot);
+    for (int64_t h = 0; h < H; ++h) b.rope.apply(ot + h * hd + hd - rd, P + 1 + t, true);
+  }
+  const int64_t G = c.o_groups, R = c.o_lora_rank, in_g = H * hd / G;
+  std::vector<float> z(static_cast<size_t>(n * G * R)), og(static_cast<size_t>(n * in_g)),
+      zg(static_cast<size_t>(n * R));
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t t = 0; t < n; ++t) std::copy_n(&o[t * H * hd + g * in_g], in_g, &og[t * in_g]);
+    linear_bf16(*a.wo_a[static_cast<size_t>(g)], og.data(), n, zg.data());
+    for (int64_t t = 0; t < n; ++t) std::copy_n(&zg[t * R], R, &z[t * G * R + g * R]);
+  }
+  linear_bf16(*a.wo_b, z.data(), n, out);
+}
+
+void CpuModel::Impl::block_forward(const BlockWeights& b, CpuSeqState& st, ChunkShared& shared, float* h, float* pre,
+                                   int64_t n, int64_t start, const DsparkContext* dctx) const {
+  const ModelConfig& c = cfg;
+  const int64_t hc = c.hc_mult, dim = c.hidden_size;
+  std::vector<HcMix> amix(static_cast<size_t>(n)), fmix(static_cast<size_t>(n));
+  std::vector<float> x(static_cast<size_t>(n * dim)), y(static_cast<size_t>(n * dim));
+  parallel_for(n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* ht = &h[t * hc * dim];
+      hc_mix(ht, hc, dim, b.hc_attn.fn.data(), b.hc_attn.base.data(), b.hc_attn.scale.data(), c.hc_sinkhorn_iters,
+             c.hc_eps, c.rms_norm_eps, amix[t]);
+      hc_collapse(ht, &pre[t * hc], hc, dim, &x[t * dim]);
+      rms_norm(&x[t * dim], b.attn_norm.data(), dim, c.rms_norm_eps, &x[t * dim]);
+    }
+  });
+  if (dctx) dspark_attention(b, dctx->stage, *dctx->state, x.data(), n, dctx->anchor_pos, y.data());
+  else attention(b, st, shared, x.data(), n, start, y.data());
+  parallel_for(n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* ht = &h[t * hc * dim];
+      hc_expand(&y[t * dim], ht, amix[t], hc, dim);
+      hc_mix(ht, hc, dim, b.hc_ffn.fn.data(), b.hc_ffn.base.data(), b.hc_ffn.scale.data(), c.hc_sinkhorn_iters,
+             c.hc_eps, c.rms_norm_eps, fmix[t]);
+      hc_collapse(ht, amix[t].pre, hc, dim, &x[t * dim]);
+      rms_norm(&x[t * dim], b.ffn_norm.data(), dim, c.rms_norm_eps, &x[t * dim]);
+    }
+  });
+  moe(b.ffn, x.data(), n, y.data());
+  for (int64_t t = 0; t < n; ++t) {
+    hc_expand(&y[t * dim], &h[t * hc * dim], fmix[t], hc, dim);
+    std::copy_n(fmix[t].pre, hc, &pre[t * hc]);
+  }
+}
+
+}  // namespace dsv41::model

@@ -1,0 +1,190 @@
+// Loading the CPU reference engine's weights: names and shapes from MODEL.md §3.2, every size
+// from config.json. Load-time conversions follow the release's loader: wo_a dequantised to BF16,
+// ratio>1 compressor weights and the head/Markov/confidence weights widened to fp32 (exact).
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "dsv41/common/error.h"
+#include "dsv41/common/numeric.h"
+#include "model/cpu_impl.h"
+#include "model/linears.h"
+
+namespace dsv41::model {
+namespace {
+
+HcWeights load_hc(const Checkpoint& ck, const std::string& p, const std::string& site, const ModelConfig& c) {
+  const int64_t hc = c.hc_mult, mix = (2 + hc) * hc;
+  HcWeights w;
+  w.fn = load_f32(ck, p + ".hc_" + site + "_fn", {mix, hc * c.hidden_size});
+  w.base = load_f32(ck, p + ".hc_" + site + "_base", {mix});
+  w.scale = load_f32(ck, p + ".hc_" + site + "_scale", {3});
+  return w;
+}
+
+Expert load_expert(const Checkpoint& ck, const std::string& p, int64_t dim, int64_t inter) {
+  Expert e;
+  e.w1 = load_linear(ck, p + ".w1", dim, inter);
+  e.w2 = load_linear(ck, p + ".w2", inter, dim);
+  e.w3 = load_linear(ck, p + ".w3", dim, inter);
+  return e;
+}
+
+}  // namespace
+
+void CpuModel::Impl::load_block(BlockWeights& b, const std::string& prefix, int64_t layer, bool is_dspark) {
+  const ModelConfig& c = cfg;
+  const Checkpoint& ck = *ckpt;
+  const int64_t dim = c.hidden_size, hd = c.head_dim, H = c.num_attention_heads;
+  b.prefix = prefix;
+  b.layer = layer;
+  b.ratio = c.ratio(layer);
+  b.is_dspark = is_dspark;
+  b.rope = RopeTable::for_ratio(c, b.ratio);
+  b.attn_norm = load_f32(ck, prefix + ".attn_norm.weight", {dim});
+  b.ffn_norm = load_f32(ck, prefix + ".ffn_norm.weight", {dim});
+  b.hc_attn = load_hc(ck, prefix, "attn", c);
+  b.hc_ffn = load_hc(ck, prefix, "ffn", c);
+
+  AttnWeights& a = b.attn;
+  const std::string ap = prefix + ".attn";
+  a.wq_a = load_linear(ck, ap + ".wq_a", dim, c.q_lora_rank);
+  a.wq_b = load_linear(ck, ap + ".wq_b", c.q_lora_rank, H * hd);
+  a.wkv = load_linear(ck, ap + ".wkv", dim, hd);
+  a.wo_b = load_linear(ck, ap + ".wo_b", c.o_groups * c.o_lora_rank, dim);
+  a.q_norm = load_f32(ck, ap + ".q_norm.weight", {c.q_lora_rank});
+  a.kv_norm = load_f32(ck, ap + ".kv_norm.weight", {hd});
+  a.sink = load_f32(ck, ap + ".attn_sink", {H});
+  const int64_t in_g = H * hd / c.o_groups;
+  if (ck.has(ap + ".wo_a.slice.0.trellis")) {
+    for (int64_t g = 0; g < c.o_groups; ++g)
+      a.wo_a.push_back(load_linear(ck, ap + ".wo_a.slice." + std::to_string(g), in_g, c.o_lora_rank));
+  } else {
+    // The reference dequantises wo_a to BF16 and runs it as a grouped BF16 matmul.
+    std::vector<float> w = load_dense_weight(ck, ap + ".wo_a", in_g, c.o_groups * c.o_lora_rank);
+    for (float& f : w) f = bf16_round(f);
+    const int64_t per = c.o_lora_rank * in_g;
+    for (int64_t g = 0; g < c.o_groups; ++g)
+      a.wo_a.push_back(make_dense_linear(std::vector<float>(w.begin() + g * per, w.begin() + (g + 1) * per), in_g,
+                                         c.o_lora_rank));
+  }
+  if (!is_dspark && c.is_kv_source(layer)) {
+    const LinearKind k = b.ratio > 1 ? LinearKind::kF32 : LinearKind::kBF16;
+    a.c_wkv = load_linear(ck, ap + ".compressor.wkv", dim, hd, k);
+    if (b.ratio > 1) a.c_wgate = load_linear(ck, ap + ".compressor.wgate", dim, hd, k);
+    a.c_norm = load_f32(ck, ap + ".compressor.norm.weight", {hd});
+    if (c.is_index_source(layer)) {
+      a.i_wk = load_linear(ck, ap + ".indexer.wk", hd, c.index_head_dim, LinearKind::kBF16);
+      a.i_k_norm = load_f32(ck, ap + ".indexer.k_norm.weight", {c.index_head_dim});
+    }
+  }
+  if (!is_dspark && c.is_index_source(layer)) {
+    a.i_wq_b = load_linear(ck, ap + ".indexer.wq_b", c.q_lora_rank, c.index_n_heads * c.index_head_dim);
+    a.i_weights_proj = load_linear(ck, ap + ".indexer.weights_proj", dim, c.index_n_heads, LinearKind::kBF16);
+  }
+
+  MoeWeights& m = b.ffn;
+  const std::string fp = prefix + ".ffn";
+  m.n_experts = is_dspark && c.dspark_n_routed_experts > 0 ? c.dspark_n_routed_experts : c.n_routed_experts;
+  m.top_k = is_dspark && c.dspark_num_experts_per_tok > 0 ? c.dspark_num_experts_per_tok : c.num_experts_per_tok;
+  m.gate_w = load_f32(ck, fp + ".gate.weight", {m.n_experts, dim});
+  m.gate_bias = load_f32(ck, fp + ".gate.bias", {m.n_experts});
+  for (int64_t e = 0; e < m.n_experts; ++e)
+    m.experts.push_back(load_expert(ck, fp + ".experts." + std::to_string(e), dim, c.moe_intermediate_size));
+  m.shared = load_expert(ck, fp + ".shared_experts", dim, c.moe_intermediate_size);
+
+  if (!is_dspark && c.is_engram_layer(layer)) {
+    auto e = std::make_unique<EngramWeights>();
+    const std::string ep = prefix + ".engram";
+    e->hash_index = c.engram_index(layer);
+    const int64_t rows = c.engram_num_embeddings.at(static_cast<size_t>(e->hash_index));
+    const int64_t hdim = c.engram_head_dim;
+    e->table = &ck.get(ep + ".embed.weight");
+    e->table_scale = &ck.get(ep + ".embed.scale");
+    DSV_CHECK(e->table->dtype == DType::F8_E4M3 && e->table->shape == std::vector<int64_t>({rows, hdim}),
+              "tensor {}: expected F8_E4M3 [{}, {}], got {} {}", e->table->name, rows, hdim,
+              dtype_name(e->table->dtype), e->table->shape_str());
+    DSV_CHECK(e->table_scale->dtype == DType::F8_E8M0 &&
+                  e->table_scale->shape == std::vector<int64_t>({rows, (hdim + 31) / 32}),
+              "tensor {}: expected F8_E8M0 [{}, {}], got {} {}", e->table_scale->name, rows, (hdim + 31) / 32,
+              dtype_name(e->table_scale->dtype), e->table_scale->shape_str());
+    e->wkv = load_linear(ck, ep + ".wkv", c.n_engram_columns() * hdim, dim * (c.hc_mult + 1));
+    const auto q = load_f32(ck, ep + ".q_weight", {c.hc_mult, dim});
+    const auto k = load_f32(ck, ep + ".k_weight", {c.hc_mult, dim});
+    e->gate_w.resize(q.size());
+    for (size_t i = 0; i < q.size(); ++i) e->gate_w[i] = q[i] * k[i];
+    b.engram = std::move(e);
+  }
+}
+
+void CpuModel::Impl::load(const std::string& dir) {
+  cfg = load_model_config(dir + "/config.json");
+  const auto problems = validate_config(cfg);
+  if (!problems.empty())
+    fail("{}/config.json: {}{}", dir, problems.front(),
+         problems.size() > 1 ? fmt::format(" (and {} more)", problems.size() - 1) : std::string());
+  ckpt = Checkpoint::open(dir);
+  const ModelConfig& c = cfg;
+  DSV_CHECK(c.n_shared_experts == 1, "config: n_shared_experts = {} (the reference supports exactly 1)",
+            c.n_shared_experts);
+  DSV_CHECK(c.hc_mult >= 1 && c.hc_mult <= 16, "config: hc_mult = {} out of range", c.hc_mult);
+  DSV_CHECK(c.head_dim % 32 == 0 && c.index_head_dim % 32 == 0 && c.hidden_size % 32 == 0,
+            "config: hidden_size, head_dim and index_head_dim must be multiples of 32");
+  embed = &ckpt->get("embed.weight");
+  head = &ckpt->get("head.weight");
+  for (const TensorInfo* t : {embed, head})
+    DSV_CHECK(t->shape == std::vector<int64_t>({c.vocab_size, c.hidden_size}),
+              "tensor {} has shape {}, expected [{}, {}]", t->name, t->shape_str(), c.vocab_size, c.hidden_size);
+  final_norm = load_f32(*ckpt, "norm.weight", {c.hidden_size});
+  blocks.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    load_block(blocks[static_cast<size_t>(l)], "layers." + std::to_string(l), l, false);
+
+  engram_hash = build_engram_hashes(c);
+  if (!c.engram_layer_ids.empty()) {
+    DSV_CHECK(!opts.engram_token_map.empty(),
+              "this model has Engram layers: pass the token map with --engram-token-map FILE");
+    auto f = SafetensorsFile::open(opts.engram_token_map);
+    const TensorInfo* t = f->find("token_map");
+    DSV_CHECK(t != nullptr, "{}: no tensor named token_map", opts.engram_token_map);
+    DSV_CHECK(t->dtype == DType::I32 && t->shape == std::vector<int64_t>({c.vocab_size}),
+              "{}: token_map must be I32 [{}], got {} {}", opts.engram_token_map, c.vocab_size, dtype_name(t->dtype),
+              t->shape_str());
+    token_map.resize(static_cast<size_t>(c.vocab_size));
+    std::memcpy(token_map.data(), t->data, token_map.size() * 4);
+    for (int32_t v : token_map)
+      DSV_CHECK(v >= 0 && v < c.engram_compressed_vocab_size,
+                "{}: token_map value {} outside [0, engram_compressed_vocab_size={})", opts.engram_token_map, v,
+                c.engram_compressed_vocab_size);
+    DSV_CHECK(c.engram_pad_token_id >= 0 && c.engram_pad_token_id < c.vocab_size,
+              "config: engram_pad_token_id {} out of range", c.engram_pad_token_id);
+    engram_pad = token_map[static_cast<size_t>(c.engram_pad_token_id)];
+  }
+
+  if (opts.dspark && c.num_nextn_predict_layers > 0 && c.dspark_block_size > 0) {
+    const int64_t S = c.num_nextn_predict_layers, dim = c.hidden_size;
+    dspark.resize(static_cast<size_t>(S));
+    for (int64_t s = 0; s < S; ++s) {
+      load_block(dspark[static_cast<size_t>(s)], "mtp." + std::to_string(s), c.num_hidden_layers + s, true);
+      DSV_CHECK(dspark[static_cast<size_t>(s)].ratio == 0, "config: DSpark stage {} has compress ratio {} (must be 0)",
+                s, dspark[static_cast<size_t>(s)].ratio);
+    }
+    const std::string last = "mtp." + std::to_string(S - 1);
+    const int64_t nt = static_cast<int64_t>(c.dspark_target_layer_ids.size()), rank = c.dspark_markov_rank;
+    DSV_CHECK(nt > 0, "config: DSpark needs dspark_target_layer_ids");
+    for (int64_t t : c.dspark_target_layer_ids)
+      DSV_CHECK(t >= 0 && t < c.num_hidden_layers, "config: DSpark target layer {} out of range", t);
+    dspark_head.main_proj = load_linear(*ckpt, "mtp.0.main_proj", nt * dim, dim);
+    dspark_head.main_norm = load_f32(*ckpt, "mtp.0.main_norm.weight", {dim});
+    dspark_head.norm = load_f32(*ckpt, last + ".norm.weight", {dim});
+    dspark_head.markov_embed = &ckpt->get(last + ".markov_head.embed.weight");
+    dspark_head.markov_head = &ckpt->get(last + ".markov_head.head.weight");
+    for (const TensorInfo* t : {dspark_head.markov_embed, dspark_head.markov_head})
+      DSV_CHECK(t->shape == std::vector<int64_t>({c.vocab_size, rank}), "tensor {} has shape {}, expected [{}, {}]",
+                t->name, t->shape_str(), c.vocab_size, rank);
+    dspark_head.confidence = load_f32(*ckpt, last + ".confidence_head.proj.weight", {1, dim + rank});
+  }
+  spdlog::debug("cpu model loaded: {} layers, {} DSpark stages", blocks.size(), dspark.size());
+}
+
+}  // namespace dsv41::model

@@ -1,0 +1,194 @@
+#include "model/ops/dot.h"
+#include "model/linears.h"
+
+#include <array>
+#include <cstring>
+
+#include "dsv41/common/error.h"
+#include "dsv41/common/numeric.h"
+#include "dsv41/common/parallel.h"
+#include "dsv41/exl3/exl3_linear.h"
+#include "model/ops/quant.h"
+
+namespace dsv41::model {
+namespace {
+
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int i = 0; i < 256; ++i) a[i] = e4m3_to_f32(static_cast<uint8_t>(i));
+    return a;
+  }();
+  return t;
+}
+
+std::vector<float> e8m0_to_floats(const TensorInfo& t) {
+  std::vector<float> s(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < s.size(); ++i) s[i] = e8m0_to_f32(t.data[i]);
+  return s;
+}
+
+void check_shape(const TensorInfo& t, std::vector<int64_t> want) {
+  if (t.shape != want) {
+    std::string w = "[";
+    for (size_t i = 0; i < want.size(); ++i) w += (i ? ", " : "") + std::to_string(want[i]);
+    fail("tensor {} has shape {}, expected {}]", t.name, t.shape_str(), w);
+  }
+}
+
+class Lin8 final : public Linear {
+ public:
+  Lin8(const TensorInfo& w, const TensorInfo& s, int64_t in, int64_t out) : in_(in), out_(out), codes_(w.data) {
+    check_shape(w, {out, in});
+    check_shape(s, {(out + 31) / 32, (in + 31) / 32});
+    DSV_CHECK(in % 32 == 0, "tensor {}: in_features {} is not a multiple of 32", w.name, in);
+    scales_ = e8m0_to_floats(s);
+    bytes_ = w.nbytes + s.nbytes;
+  }
+  int64_t in_features() const override { return in_; }
+  int64_t out_features() const override { return out_; }
+  uint64_t weight_bytes() const override { return bytes_; }
+  void forward(const float* x, int64_t m, float* y) const override {
+    const auto& lut = e4m3_table();
+    const int64_t nb = in_ / 32;
+    std::vector<float> codes(static_cast<size_t>(in_)), as(static_cast<size_t>(nb));
+    for (int64_t r = 0; r < m; ++r) {
+      act_quant8(x + r * in_, in_, codes.data(), as.data());
+      parallel_for(out_, [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+          const uint8_t* wr = codes_ + o * in_;
+          const float* ws = scales_.data() + (o / 32) * nb;
+          float acc = 0.0f;
+          for (int64_t kb = 0; kb < nb; ++kb) {
+            float part = 0.0f;
+            for (int i = 0; i < 32; ++i) part += codes[kb * 32 + i] * lut[wr[kb * 32 + i]];
+            acc += part * as[kb] * ws[kb];
+          }
+          y[r * out_ + o] = acc;
+        }
+      }, std::max<int64_t>(1, 8192 / in_));
+    }
+  }
+
+ private:
+  int64_t in_, out_;
+  const uint8_t* codes_;
+  std::vector<float> scales_;
+  uint64_t bytes_ = 0;
+};
+
+class Lin4 final : public Linear {
+ public:
+  Lin4(const TensorInfo& w, const TensorInfo& s, int64_t in, int64_t out) : in_(in), out_(out), packed_(w.data) {
+    DSV_CHECK(in % 32 == 0, "tensor {}: in_features {} is not a multiple of 32", w.name, in);
+    check_shape(w, {out, in / 2});
+    check_shape(s, {out, in / 32});
+    scales_ = e8m0_to_floats(s);
+    bytes_ = w.nbytes + s.nbytes;
+  }
+  int64_t in_features() const override { return in_; }
+  int64_t out_features() const override { return out_; }
+  uint64_t weight_bytes() const override { return bytes_; }
+  void forward(const float* x, int64_t m, float* y) const override {
+    const int64_t nb = in_ / 32;
+    std::vector<float> codes(static_cast<size_t>(in_)), as(static_cast<size_t>(nb));
+    for (int64_t r = 0; r < m; ++r) {
+      act_quant8(x + r * in_, in_, codes.data(), as.data());
+      parallel_for(out_, [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+          const uint8_t* wr = packed_ + o * (in_ / 2);
+          const float* ws = scales_.data() + o * nb;
+          float acc = 0.0f;
+          for (int64_t kb = 0; kb < nb; ++kb) {
+            float part = 0.0f;
+            for (int i = 0; i < 16; ++i) {
+              const uint8_t byte = wr[kb * 16 + i];
+              part += codes[kb * 32 + 2 * i] * e2m1_to_f32(byte & 0xF);
+              part += codes[kb * 32 + 2 * i + 1] * e2m1_to_f32(byte >> 4);
+            }
+            acc += part * as[kb] * ws[kb];
+          }
+          y[r * out_ + o] = acc;
+        }
+      }, std::max<int64_t>(1, 8192 / in_));
+    }
+  }
+
+ private:
+  int64_t in_, out_;
+  const uint8_t* packed_;
+  std::vector<float> scales_;
+  uint64_t bytes_ = 0;
+};
+
+// Dense fp32 weights (bf16 values for LinBF16); fp32 accumulation in K order.
+class LinDense final : public Linear {
+ public:
+  LinDense(std::vector<float> w, int64_t in, int64_t out, uint64_t bytes)
+      : in_(in), out_(out), w_(std::move(w)), bytes_(bytes) {}
+  int64_t in_features() const override { return in_; }
+  int64_t out_features() const override { return out_; }
+  uint64_t weight_bytes() const override { return bytes_; }
+  void forward(const float* x, int64_t m, float* y) const override {
+    parallel_for(m * out_, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t r = i / out_, o = i % out_;
+        const float* xr = x + r * in_;
+        const float* wr = w_.data() + o * in_;
+        y[i] = gemm_dot_f32(xr, wr, in_);
+      }
+    }, std::max<int64_t>(1, 8192 / in_));
+  }
+
+ private:
+  int64_t in_, out_;
+  std::vector<float> w_;
+  uint64_t bytes_;
+};
+
+}  // namespace
+
+std::vector<float> load_dense_weight(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out) {
+  const TensorInfo& w = ckpt.get(prefix + ".weight");
+  check_shape(w, {out, in});
+  if (w.dtype == DType::F8_E4M3) {
+    const TensorInfo& s = ckpt.get(prefix + ".scale");
+    check_shape(s, {(out + 31) / 32, (in + 31) / 32});
+    const int64_t nb = (in + 31) / 32;
+    std::vector<float> v(static_cast<size_t>(out * in));
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < in; ++k)
+        v[o * in + k] = e4m3_to_f32(w.data[o * in + k]) * e8m0_to_f32(s.data[(o / 32) * nb + k / 32]);
+    return v;
+  }
+  DSV_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F32, "tensor {}: unsupported dtype {} for a dense weight",
+            w.name, dtype_name(w.dtype));
+  return tensor_to_f32(w);
+}
+
+std::unique_ptr<Linear> make_dense_linear(std::vector<float> w, int64_t in, int64_t out) {
+  DSV_ASSERT(static_cast<int64_t>(w.size()) == in * out, "dense linear size");
+  return std::make_unique<LinDense>(std::move(w), in, out, static_cast<uint64_t>(in * out * 2));
+}
+
+std::unique_ptr<Linear> load_linear(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
+                                    LinearKind kind) {
+  if (ckpt.has(prefix + ".trellis")) return exl3::load_exl3_linear(ckpt, prefix, in, out);
+  const TensorInfo& w = ckpt.get(prefix + ".weight");
+  if (kind == LinearKind::kAuto && w.dtype == DType::F8_E4M3)
+    return std::make_unique<Lin8>(w, ckpt.get(prefix + ".scale"), in, out);
+  if (kind == LinearKind::kAuto && w.dtype == DType::I8)
+    return std::make_unique<Lin4>(w, ckpt.get(prefix + ".scale"), in, out);
+  std::vector<float> v = load_dense_weight(ckpt, prefix, in, out);
+  if (kind == LinearKind::kBF16 || (kind == LinearKind::kAuto && w.dtype != DType::F32))
+    for (float& f : v) f = bf16_round(f);
+  return std::make_unique<LinDense>(std::move(v), in, out, w.nbytes);
+}
+
+void linear_bf16(const Linear& lin, const float* x, int64_t m, float* y) {
+  lin.forward(x, m, y);
+  const int64_t n = m * lin.out_features();
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_round(y[i]);
+}
+
+}  // namespace dsv41::model

@@ -1,0 +1,16 @@
+// Top-k selection with the tie behaviour of the reference (PyTorch's CPU topk): the candidates are
+// (value, index) pairs in index order, partially ordered by value (larger first, NaN on top) with
+// std::partial_sort when k·64 <= n and std::nth_element otherwise. Ties are therefore broken the
+// way those standard algorithms leave equal elements, which is what the reference's selection
+// (indexer top-k, candidate blocks, expert routing) does; a "lower index wins" rule would pick
+// different entries among exactly tied scores (frequent: relu makes many index scores 0).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace dsv41::model {
+
+// Indices of the k selected entries (in the order the algorithm leaves them; sort if needed).
+std::vector<int32_t> torch_topk_indices(const std::vector<float>& values, int64_t k);
+
+}  // namespace dsv41::model

@@ -1,0 +1,178 @@
+// The engine loop on the rule test double: batching, chunked prefill, preemption and
+// cancellation must never change a sequence's tokens, and every state must be returned.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "sched/scheduler.h"
+#include "test_model.h"
+
+using namespace dsv41;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::vector<int32_t> prompt_of(int seed, int len) {
+  std::mt19937 g(seed);
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back(3 + static_cast<int32_t>(g() % 500));
+  return p;
+}
+
+std::vector<int32_t> collect(sched::TokenChannel& ch) {
+  std::vector<sched::SampledToken> got;
+  while (!ch.wait(got, 50ms)) {
+  }
+  std::vector<int32_t> ids;
+  for (auto& t : got) ids.push_back(t.id);
+  return ids;
+}
+
+// What the rule model generates greedily for `prompt`, computed without the scheduler.
+std::vector<int32_t> reference(const test_support::RuleModel& m, std::vector<int32_t> h, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(m.favourite(h));
+    h.push_back(out.back());
+  }
+  return out;
+}
+
+sched::GenerationRequest greedy(std::vector<int32_t> prompt, int max_tokens) {
+  sched::GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+double gib_for_tokens(const ModelConfig& c, int64_t tokens_per_seq, int seqs) {
+  const auto b = sched::state_bytes(c);
+  const double block = 16.0 * b.packed_per_token;
+  const double fixed_blocks = std::ceil(b.packed_fixed / block);
+  return seqs * (fixed_blocks + std::ceil(tokens_per_seq / 16.0)) * block / (1024.0 * 1024.0 * 1024.0);
+}
+
+}  // namespace
+
+TEST(Scheduler, BatchedOutputsEqualSequentialReference) {
+  test_support::RuleModel m(test_support::tiny_config());
+  sched::SchedulerOptions o;
+  o.max_num_seqs = 4;
+  o.max_num_batched_tokens = 24;  // prompts of 40 tokens are prefilled in chunks
+  sched::Scheduler s(m, o);
+  s.start();
+  std::vector<std::shared_ptr<sched::TokenChannel>> chans;
+  for (int i = 0; i < 10; ++i) chans.push_back(s.submit(greedy(prompt_of(i, 40), 20)));
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(collect(*chans[i]), reference(m, prompt_of(i, 40), 20)) << "request " << i;
+    EXPECT_EQ(chans[i]->finish_reason(), sched::FinishReason::length);
+  }
+  EXPECT_LE(m.max_batch(), 4);
+  EXPECT_LE(m.max_step_tokens(), 24);
+  EXPECT_GE(m.max_batch(), 2);  // continuous batching really batched
+  s.stop();
+  EXPECT_EQ(m.live(), 0);
+  EXPECT_EQ(s.stats().free_blocks, s.stats().total_blocks);
+}
+
+TEST(Scheduler, PreemptionRecomputesWithoutChangingOutputs) {
+  test_support::RuleModel m(test_support::tiny_config());
+  sched::SchedulerOptions o;
+  o.max_num_seqs = 8;
+  o.max_num_batched_tokens = 64;
+  // Room for about 2.5 sequences of 100 tokens: 6 sequences must take turns and get preempted.
+  o.kv_cache_gib = gib_for_tokens(m.config(), 100, 2) * 1.25;
+  sched::Scheduler s(m, o);
+  s.start();
+  std::vector<std::shared_ptr<sched::TokenChannel>> chans;
+  for (int i = 0; i < 6; ++i) chans.push_back(s.submit(greedy(prompt_of(100 + i, 20), 80)));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(collect(*chans[i]), reference(m, prompt_of(100 + i, 20), 80)) << i;
+  EXPECT_GT(s.stats().preemptions_total, 0);
+  s.stop();
+  EXPECT_EQ(m.live(), 0);
+}
+
+TEST(Scheduler, CancelFreesStateWithinAStep) {
+  test_support::RuleModel m(test_support::tiny_config());
+  m.step_delay_ms = 5;
+  sched::Scheduler s(m, {});
+  s.start();
+  auto ch = s.submit(greedy(prompt_of(1, 10), 100));
+  std::vector<sched::SampledToken> got;
+  while (got.size() < 3) ch->wait(got, 50ms);
+  ch->cancel();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (m.live() != 0 && std::chrono::steady_clock::now() - t0 < 2s) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(m.live(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 100ms);  // a step is 5 ms here
+  while (!ch->wait(got, 50ms)) {
+  }
+  EXPECT_EQ(ch->finish_reason(), sched::FinishReason::abort);
+  EXPECT_EQ(s.stats().free_blocks, s.stats().total_blocks);
+}
+
+TEST(Scheduler, EosStopIdsMinTokensAndLimits) {
+  test_support::RuleModel m(test_support::tiny_config());
+  sched::Scheduler s(m, {});
+  s.start();
+  auto p = prompt_of(5, 8);
+  const auto ref = reference(m, p, 10);
+  auto r = greedy(p, 10);
+  r.stop_token_ids = {ref[4]};
+  auto ch = s.submit(r);
+  auto ids = collect(*ch);
+  EXPECT_EQ(ids, std::vector<int32_t>(ref.begin(), ref.begin() + 4));  // the stop id is not returned
+  EXPECT_EQ(ch->finish_reason(), sched::FinishReason::stop);
+  // min_tokens bans the stop id: the sampler takes the next best token instead
+  r.min_tokens = 6;
+  ch = s.submit(r);
+  ids = collect(*ch);
+  ASSERT_GE(ids.size(), 5u);
+  EXPECT_NE(ids[4], ref[4]);
+  // Context and pool limits are refused at submission.
+  EXPECT_THROW(s.submit(greedy(prompt_of(1, 100), 29)), Error);
+  EXPECT_THROW(s.submit(greedy({}, 4)), Error);
+  EXPECT_THROW(s.submit(greedy({600}, 4)), Error);
+}
+
+TEST(Scheduler, SeededSamplingIsReproducibleUnderBatching) {
+  test_support::RuleModel m(test_support::tiny_config());
+  sched::SchedulerOptions o;
+  o.max_num_seqs = 3;
+  sched::Scheduler s(m, o);
+  s.start();
+  auto seeded = [&](uint64_t seed) {
+    auto r = greedy(prompt_of(9, 12), 30);
+    r.sampling.temperature = 1.0;
+    r.sampling.has_seed = true;
+    r.sampling.seed = seed;
+    return r;
+  };
+  auto a = s.submit(seeded(42));
+  auto noise1 = s.submit(seeded(1));
+  auto b = s.submit(seeded(42));
+  auto noise2 = s.submit(seeded(2));
+  const auto ia = collect(*a), ib = collect(*b), n1 = collect(*noise1);
+  collect(*noise2);
+  EXPECT_EQ(ia, ib);
+  EXPECT_NE(ia, n1);
+}
+
+TEST(Scheduler, QueueLimitRefusesWithOverloaded) {
+  test_support::RuleModel m(test_support::tiny_config());
+  m.step_delay_ms = 20;
+  sched::SchedulerOptions o;
+  o.max_num_seqs = 1;
+  o.max_waiting = 2;
+  sched::Scheduler s(m, o);
+  std::vector<std::shared_ptr<sched::TokenChannel>> chans;
+  chans.push_back(s.submit(greedy(prompt_of(1, 4), 5)));
+  chans.push_back(s.submit(greedy(prompt_of(2, 4), 5)));
+  EXPECT_THROW(s.submit(greedy(prompt_of(3, 4), 5)), sched::Overloaded);
+  s.start();
+  for (auto& c : chans) collect(*c);
+  s.stop();
+  EXPECT_EQ(m.live(), 0);
+}

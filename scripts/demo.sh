@@ -42,7 +42,7 @@ for _ in $(seq 300); do
 done
 AUTH=""
 [ -n "${DSV41_API_KEY:-}" ] && AUTH=" -H 'Authorization: Bearer $DSV41_API_KEY'"
-CURL="curl -s http://127.0.0.1:$PORT/v1/chat/completions -H 'Content-Type: application/json'$AUTH -d '{\"model\": \"demo\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 32}'"
+CURL="curl -s http://127.0.0.1:$PORT/v1/chat/completions -H 'Content-Type: application/json'$AUTH -d '{\"model\": \"demo\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 24, \"chat_template_kwargs\": {\"thinking\": false}}'"
 echo
 echo "demo: the server is up (random weights: the answer is meaningless text). Try:"
 echo

@@ -23,7 +23,7 @@ die() { echo "$PROG: error: $*" >&2; exit 1; }
 say() { echo "$PROG: $*"; }
 
 usage() {
-  sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 # ---- configuration --------------------------------------------------------------------------

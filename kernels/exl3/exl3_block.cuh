@@ -107,27 +107,15 @@ struct ColumnStream {
 // Warp w streams column tile w of the group over the block's k range; x is staged once per block
 // in the B-fragment format of the path. Returns red[8][128] in shared memory (the int8 path
 // fills rows 0..3).
-template <int K, int CB, bool INT8>
-__device__ float* small_block(const cuda::Exl3Matrix& w, const XSource& xs, int ng, int kt0, int kt1,
-                              unsigned char* smem) {
+// Stages x_had for k-tiles [kt0, kt1) in the B-fragment format of the path: int8 fragments
+// [k-tile][lane] uint4 (+ per-token amax and level sums in stat_*), or fp16 rows [8][xstride].
+// `xout` may be shared or global memory; hbuf (int8) is shared scratch [4][rows].
+template <bool INT8>
+__device__ void stage_x(const XSource& xs, int kt0, int kt1, unsigned char* xout, int xstride, float* hbuf,
+                        uint32_t* stat_amax, int* stat_hi, int* stat_lo) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int rows = (kt1 - kt0) * 16;
   const int nkt = kt1 - kt0;
-  unsigned char* xbuf = smem + ring_bytes(K);
-  float* hbuf = reinterpret_cast<float*>(xbuf + small_x_bytes(INT8, rows));
-  float* red = reinterpret_cast<float*>(xbuf + small_x_bytes(INT8, rows) + small_h_bytes(INT8, rows));
-  uint32_t* stat_amax = reinterpret_cast<uint32_t*>(red + 8 * 128);
-  int* stat_hi = reinterpret_cast<int*>(stat_amax + 4);
-  int* stat_lo = stat_hi + 4;
-
-  const int ntn = w.n / 16;
-  constexpr int TW = Tile<K>::kWords;
-  ColumnStream<K> cs{reinterpret_cast<uint32_t*>(smem) + warp * ColumnStream<K>::NG * kGroup * TW,
-                     w.trellis + (static_cast<size_t>(kt0) * ntn + ng * 8 + warp) * 16 * K,
-                     static_cast<size_t>(ntn) * 16 * K, nkt / kGroup, lane};
-  cs.start();
-
-  // ---- stage x_had for this block's k range ----
   const int nb = rows / 128;
   if constexpr (INT8) {
     if (tid < 4) {
@@ -154,7 +142,7 @@ __device__ float* small_block(const cuda::Exl3Matrix& w, const XSource& xs, int 
     // Two int8 levels per value: a / s = hi + lo / 254 with s = amax / 127. Unit u covers 4 values
     // (k-tile, token r, lane group tig) and writes the hi and lo fragments; r and tig are fixed
     // per thread (kThreads is a multiple of 16).
-    uint4* frag = reinterpret_cast<uint4*>(xbuf);
+    uint4* frag = reinterpret_cast<uint4*>(xout);
     const int r = (tid >> 2) & 3, tig = tid & 3;
     const bool live = r < xs.m;
     const float amax = live ? __uint_as_float(stat_amax[r]) : 0.0f;
@@ -195,8 +183,7 @@ __device__ float* small_block(const cuda::Exl3Matrix& w, const XSource& xs, int 
       atomicAdd(&stat_lo[r], sum_lo);
     }
   } else {
-    __half* xh = reinterpret_cast<__half*>(xbuf);
-    const int xstride = rows + 8;
+    __half* xh = reinterpret_cast<__half*>(xout);
     for (int it = warp; it < 8 * nb; it += kWarps) {
       const int t = it / nb, b = it % nb;
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -207,6 +194,56 @@ __device__ float* small_block(const cuda::Exl3Matrix& w, const XSource& xs, int 
     }
   }
   __syncthreads();
+}
+
+// `xpre`/`xstats` (optional): the whole x staged once by stage_kernel (fragments [k/16][32] uint4
+// or fp16 rows [8][k]) and this block's int8 statistics {amax bits, sum hi, sum lo} per token.
+template <int K, int CB, bool INT8>
+__device__ float* small_block(const cuda::Exl3Matrix& w, const XSource& xs, int ng, int kt0, int kt1,
+                              unsigned char* smem, const void* xpre = nullptr, const int4* xstats = nullptr) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int rows = (kt1 - kt0) * 16;
+  const int nkt = kt1 - kt0;
+  unsigned char* xbuf = smem + ring_bytes(K);
+  float* hbuf = reinterpret_cast<float*>(xbuf + small_x_bytes(INT8, rows));
+  float* red = reinterpret_cast<float*>(xbuf + small_x_bytes(INT8, rows) + small_h_bytes(INT8, rows));
+  uint32_t* stat_amax = reinterpret_cast<uint32_t*>(red + 8 * 128);
+  int* stat_hi = reinterpret_cast<int*>(stat_amax + 4);
+  int* stat_lo = stat_hi + 4;
+
+  const int ntn = w.n / 16;
+  constexpr int TW = Tile<K>::kWords;
+  ColumnStream<K> cs{reinterpret_cast<uint32_t*>(smem) + warp * ColumnStream<K>::NG * kGroup * TW,
+                     w.trellis + (static_cast<size_t>(kt0) * ntn + ng * 8 + warp) * 16 * K,
+                     static_cast<size_t>(ntn) * 16 * K, nkt / kGroup, lane};
+
+  // ---- x_had for this block's k range: copied from the staging kernel's output, or staged here ----
+  if (xpre) {
+    if constexpr (INT8) {
+      const uint4* src = reinterpret_cast<const uint4*>(xpre) + static_cast<size_t>(kt0) * 32;
+      for (int c = tid; c < nkt * 32; c += kThreads) cp_async16(reinterpret_cast<uint4*>(xbuf) + c, src + c);
+      if (tid < 4) {
+        const int4 st = xstats[tid];
+        stat_amax[tid] = static_cast<uint32_t>(st.x);
+        stat_hi[tid] = st.y;
+        stat_lo[tid] = st.z;
+      }
+    } else {
+      const __half* src = reinterpret_cast<const __half*>(xpre) + static_cast<size_t>(kt0) * 16;
+      const int cpr = rows / 8;  // 16-byte chunks per row
+      for (int c = tid; c < 8 * cpr; c += kThreads) {
+        const int t = c / cpr, q = c % cpr;
+        cp_async16(reinterpret_cast<__half*>(xbuf) + t * (rows + 8) + q * 8, src + static_cast<size_t>(t) * w.k + q * 8);
+      }
+    }
+    cp_async_commit();
+    cs.start();
+    cp_async_wait<ColumnStream<K>::NG - 1>();  // the x group is the oldest
+    __syncthreads();
+  } else {
+    cs.start();
+    stage_x<INT8>(xs, kt0, kt1, xbuf, rows + 8, hbuf, stat_amax, stat_hi, stat_lo);
+  }
 
   int idx[3], off;
   lane_window<K>(lane, idx, off);

@@ -18,6 +18,23 @@ __global__ void __launch_bounds__(kThreads) input_transform_kernel(const XSource
   dst[1] = __floats2half2_rn(v[2], v[3]);
 }
 
+// Stages x once per k-split for the small paths (instead of once per block): int8 fragments
+// [k/16][32] uint4 with per-split statistics, or fp16 rows [8][k]. One block per split.
+template <bool INT8>
+__global__ void __launch_bounds__(kThreads) stage_kernel(const XSource xs, int k, int kt_per_split, void* out,
+                                                         int4* stats) {
+  extern __shared__ __align__(16) unsigned char smem[];  // int8: hbuf [4][rows] fp32
+  __shared__ uint32_t s_amax[4];
+  __shared__ int s_hi[4], s_lo[4];
+  const int split = blockIdx.x;
+  const int kt0 = split * kt_per_split, kt1 = min(k / 16, kt0 + kt_per_split);
+  unsigned char* xout = INT8 ? reinterpret_cast<unsigned char*>(static_cast<uint4*>(out) + static_cast<size_t>(kt0) * 32)
+                             : reinterpret_cast<unsigned char*>(static_cast<__half*>(out) + static_cast<size_t>(kt0) * 16);
+  stage_x<INT8>(xs, kt0, kt1, xout, k, reinterpret_cast<float*>(smem), s_amax, s_hi, s_lo);
+  if (INT8 && threadIdx.x < 4)
+    stats[split * 4 + threadIdx.x] = make_int4(static_cast<int>(s_amax[threadIdx.x]), s_hi[threadIdx.x], s_lo[threadIdx.x], 0);
+}
+
 template <int K, int CB>
 __global__ void __launch_bounds__(kThreads) reconstruct_kernel(const cuda::Exl3Matrix w, uint16_t* out) {
   const int lane = threadIdx.x & 31;
@@ -91,6 +108,8 @@ size_t gemm_workspace_bytes(const Exl3Matrix& w, int64_t m, const GemmPlan& plan
   const int tokb = plan.path == GemmPath::Large ? kLargeRows : (plan.path == GemmPath::Int8 ? 4 : 8);
   const size_t m_pad = static_cast<size_t>(plan.m_blocks) * tokb;
   if (plan.path == GemmPath::Large) bytes += align256(static_cast<size_t>(m) * w.k * 2);
+  if (plan.path == GemmPath::Int8) bytes += align256(static_cast<size_t>(w.k) * 32) + align256(plan.splits * 64);
+  if (plan.path == GemmPath::F16) bytes += align256(static_cast<size_t>(8) * w.k * 2);
   if (plan.splits > 1) bytes += align256(static_cast<size_t>(plan.splits) * m_pad * w.n * 4);
   return bytes;
 }
@@ -120,6 +139,17 @@ cudaError_t launch_gemm(const GemmParams& p, const GemmPlan& plan, cudaStream_t 
     a.xh = reinterpret_cast<const __half*>(ws + off);
     off += align256(static_cast<size_t>(p.m) * p.w.k * 2);
   }
+  a.xstage = nullptr;
+  a.xstats = nullptr;
+  if (plan.path == GemmPath::Int8) {
+    a.xstage = ws + off;
+    off += align256(static_cast<size_t>(p.w.k) * 32);
+    a.xstats = reinterpret_cast<const int4*>(ws + off);
+    off += align256(plan.splits * 64);
+  } else if (plan.path == GemmPath::F16) {
+    a.xstage = ws + off;
+    off += align256(static_cast<size_t>(8) * p.w.k * 2);
+  }
   a.part = plan.splits > 1 ? reinterpret_cast<float*>(ws + off) : nullptr;
 
   const size_t smem = gemm_smem_bytes(p.w, plan.path, plan.kt_per_split * 16);
@@ -136,6 +166,18 @@ cudaError_t launch_gemm(const GemmParams& p, const GemmPlan& plan, cudaStream_t 
     const int64_t items = p.m * (p.w.k / 128);
     const unsigned blocks = static_cast<unsigned>((items + dev::kWarps - 1) / dev::kWarps);
     dev::input_transform_kernel<<<blocks, dev::kThreads, 0, stream>>>(a.xs, p.w.k, const_cast<__half*>(a.xh));
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (plan.path == GemmPath::Int8) {
+    const size_t hsmem = static_cast<size_t>(4) * plan.kt_per_split * 16 * 4;
+    dev::stage_kernel<true><<<plan.splits, dev::kThreads, hsmem, stream>>>(
+        a.xs, p.w.k, plan.kt_per_split, const_cast<void*>(a.xstage), const_cast<int4*>(a.xstats));
+  } else if (plan.path == GemmPath::F16) {
+    dev::stage_kernel<false><<<plan.splits, dev::kThreads, 0, stream>>>(a.xs, p.w.k, plan.kt_per_split,
+                                                                         const_cast<void*>(a.xstage), nullptr);
+  }
+  if (plan.path != GemmPath::Large) {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

@@ -1,15 +1,17 @@
 // EXL3 linear on the GPU: y = ((x ⊙ suh)·B_k · W_hat · B_n) ⊙ svh + bias (EXL3.md §3.1), with the
 // trellis decoded in registers. Host-side launcher; device code in exl3_gemm_kernel.cuh.
 //
-// Paths (chosen by gemm_plan, or forced):
-//   int8   m <= 4, MUL1 only. x_had is quantised per block to two int8 levels (hi + lo/254, about
-//          16 bits of precision relative to the block's amax); the MUL1 byte sum is folded into
-//          a u8 x s8 tensor-core product, so each weight costs one extraction + one IMAD. Values
-//          are the affine MUL1 codebook (no per-weight fp16 rounding).
+// Paths (chosen by ops::exl3_gemm_plan, or forced):
+//   int8   m <= 4, MUL1 only. x_had is quantised per k-split to two int8 levels (hi + lo/254, about
+//          16 bits of precision relative to the split's amax); the MUL1 byte sum is folded into a
+//          u8 x s8 tensor-core product, so each weight costs one state extraction + one IMAD.
+//          Values are the affine MUL1 codebook (no per-weight fp16 rounding, <= 2^-12 relative).
 //   f16    m <= 8, any codebook: bit-exact fp16 decode, one m16n8k16 mma per tile for all rows.
 //   large  m > 8: x_had is formed once by a prologue kernel; each decoded tile feeds 64 rows.
-// Every path splits k across blocks when that fills the GPU better; the partial sums are reduced
-// in a fixed order by the last block of each output group (no floating-point atomics).
+// The small paths stage x once per k-split in a small first kernel (2 launches per call). Every
+// path splits k across blocks when that fills the GPU better; the partial sums are reduced in a
+// fixed order by the last block of each output group (no floating-point atomics), so results are
+// bitwise repeatable.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -55,8 +57,9 @@ struct GemmParams {
   int splits = 0;                  // force a k-split count (0 = heuristic)
 };
 
-// Launches one planned problem (1 kernel; 2 for the large path). Graph-capturable, no host
-// synchronisation. Trusts its arguments: validation and planning live in dsv41/ops/exl3_gpu.h.
+// Launches one planned problem (2 kernels: x staging or input transform, then the matmul).
+// Graph-capturable, no host synchronisation. Trusts its arguments: validation and planning live
+// in dsv41/ops/exl3_gpu.h.
 // `plan.path` must be resolved (not Auto). Returns the launch status.
 cudaError_t launch_gemm(const GemmParams& p, const GemmPlan& plan, cudaStream_t stream);
 

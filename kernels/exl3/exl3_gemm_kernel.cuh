@@ -10,6 +10,8 @@ struct GemmArgs {
   cuda::Exl3Matrix w;
   XSource xs;            // small paths
   const __half* xh;      // large path: x_had [m][k]
+  const void* xstage;    // small paths: x staged once by stage_kernel
+  const int4* xstats;    // int8 path: [splits][4] {amax bits, sum hi, sum lo, 0}
   void* y;
   int y_type;
   int64_t y_cols, y_stride;
@@ -74,7 +76,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs a) {
     red = reinterpret_cast<float*>(smem + ring_bytes(K));
     large_block<K, CB>(a.w, a.xh, a.m, tok0, ng, kt0, kt1, smem, red);
   } else {
-    red = small_block<K, CB, PATH == kPathInt8>(a.w, a.xs, ng, kt0, kt1, smem);
+    red = small_block<K, CB, PATH == kPathInt8>(a.w, a.xs, ng, kt0, kt1, smem, a.xstage,
+                                                a.xstats ? a.xstats + split * 4 : nullptr);
   }
   finish_group(a, red, ng, split, mb, tok0, ntok);
 }

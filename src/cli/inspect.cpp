@@ -156,6 +156,14 @@ void print_text(const InspectOptions& o, const ModelConfig* cfg, const std::stri
 int run_inspect(const InspectOptions& o) {
   if (o.model_dir.empty() == o.config_only.empty()) fail("inspect: give exactly one of --model DIR or --config-only FILE");
   if (o.world_size < 1 || o.world_size > 4096) fail("inspect: --world-size must be in 1..4096");
+  // A path that is not there is a usage error, not a validation problem of a checkpoint.
+  std::error_code ec;
+  if (!o.model_dir.empty() && !fs::is_directory(o.model_dir, ec))
+    fail("inspect --model {}: not a directory", o.model_dir);
+  if (!o.config_only.empty() && !fs::is_regular_file(o.config_only, ec))
+    fail("inspect --config-only {}: no such file", o.config_only);
+  if (!o.format.empty() && !o.model_dir.empty())
+    fail("inspect: --format applies to --config-only only (a checkpoint's format is its config's quant_method)");
   std::vector<std::string> problems;
 
   const std::string config_path = o.model_dir.empty() ? o.config_only : (fs::path(o.model_dir) / "config.json").string();
@@ -163,7 +171,6 @@ int run_inspect(const InspectOptions& o) {
   try {
     cfg = load_model_config(config_path);
   } catch (const Error& e) {
-    if (!o.model_dir.empty() && !fs::is_directory(o.model_dir)) throw;
     problems.push_back(e.what());
   }
   bool config_valid = false;

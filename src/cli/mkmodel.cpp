@@ -132,7 +132,7 @@ Command add_mkmodel(CLI::App& root) {
       ->check(CLI::IsMember({"exl3", "fp8"}));
   app->add_option("--bits", o->bits, "EXL3 mean bits per weight over budgeted linears (1..8, fractional ok)")
       ->capture_default_str();
-  app->add_option("--seed", o->seed, "Random seed")->capture_default_str();
+  app->add_option("--seed", o->seed, "Random seed (0 .. 2^64-1)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app->add_option("--out", o->out, "Output folder")->required();
   app->add_option("--layers", o->layers, "Keep only the first N backbone layers (num_hidden_layers override)")
       ->check(CLI::PositiveNumber);

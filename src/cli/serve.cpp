@@ -89,6 +89,22 @@ int run_serve(const ServeOptions& o) {
   if (api_key.empty())
     if (const char* env = std::getenv("DSV41_API_KEY")) api_key = env;
 
+  // While the checkpoint loads (minutes for the real one) the port already answers: 503 with
+  // Retry-After everywhere, so health checks and clients see "loading", not "connection refused".
+  serve::HttpServerOptions ho;
+  ho.host = o.host;
+  ho.port = o.port;
+  ho.threads = o.http_threads;
+  ho.read_timeout_s = o.read_timeout_s;
+  auto loading = std::make_unique<serve::HttpServer>(ho, [](const serve::HttpRequest&) {
+    serve::HttpResponse r;
+    r.status = 503;
+    r.headers.emplace_back("Retry-After", "5");
+    r.body = R"({"error":{"message":"the model is loading; retry later","type":"service_unavailable","param":null,"code":"model_loading"}})";
+    return r;
+  });
+  loading->start();
+
   const std::string tok_path = find_tokenizer(o);
   spdlog::info("loading tokenizer {}", tok_path);
   auto text = serve::make_text_backend(tok_path);
@@ -124,11 +140,8 @@ int run_serve(const ServeOptions& o) {
   ao.api_key = api_key;
   serve::Api api(scheduler, *text, ao);
 
-  serve::HttpServerOptions ho;
-  ho.host = o.host;
-  ho.port = o.port;
-  ho.threads = o.http_threads;
-  ho.read_timeout_s = o.read_timeout_s;
+  loading->stop();
+  loading.reset();
   serve::HttpServer http(ho, [&api](const serve::HttpRequest& r) { return api.handle(r); });
 
   // SIGINT/SIGTERM are taken by sigwait below; every thread started from here inherits the mask.

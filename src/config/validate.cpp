@@ -20,6 +20,9 @@ constexpr int64_t kMaxLayers = 512;
 constexpr int64_t kMaxExperts = 4096;
 constexpr int64_t kMaxRows = int64_t{1} << 40;
 constexpr int64_t kMaxEngramColumns = 1024;
+// Routed expert matrices over all layers and DSpark stages: the manifest lists each one (with its
+// scale or EXL3 side tensors), so this bounds its length and memory. The release has 47,232.
+constexpr int64_t kMaxExpertMatrices = int64_t{1} << 19;
 // FP8/FP4 weights and every activation quantiser (ActQuant8, QDQ8, QDQ4a) work on 32-wide blocks.
 constexpr int64_t kQuantBlock = 32;
 
@@ -179,6 +182,14 @@ std::vector<std::string> validate_config(const ModelConfig& c) {
   p.positive_real("routed_scaling_factor", c.routed_scaling_factor);
   p.positive_real("gate_temp", c.gate_temp);
   if (!(c.swiglu_limit >= 0) || c.swiglu_limit > 1e300) p.add("swiglu_limit must be >= 0 (got {})", c.swiglu_limit);
+  if (layers_ok && experts_ok && c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= 64 &&
+      c.dspark_n_routed_experts >= 0 && c.dspark_n_routed_experts <= kMaxExperts) {
+    const int64_t matrices = 3 * (c.num_hidden_layers * c.n_routed_experts + c.num_nextn_predict_layers * c.dspark_experts());
+    if (matrices > kMaxExpertMatrices)
+      p.add("{} routed expert matrices (3 x (num_hidden_layers x n_routed_experts + num_nextn_predict_layers x DSpark "
+            "experts)) exceed the supported maximum {}",
+            matrices, kMaxExpertMatrices);
+  }
   if (topk_ok && experts_ok && c.num_experts_per_tok > c.n_routed_experts)
     p.add("num_experts_per_tok = {} exceeds n_routed_experts = {}", c.num_experts_per_tok, c.n_routed_experts);
   if (c.scoring_func != "sqrtsoftplus" && c.scoring_func != "sigmoid" && c.scoring_func != "softmax")

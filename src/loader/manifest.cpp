@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "dsv41/common/error.h"
+#include "dsv41/loader/safetensors.h"
 #include "loader/manifest_build.h"
 
 namespace dsv41 {
@@ -49,7 +50,11 @@ int64_t TensorSpec::numel() const {
   return static_cast<int64_t>(n);
 }
 
-uint64_t TensorSpec::nbytes() const { return static_cast<uint64_t>(numel()) * dtype_size(dtype); }
+uint64_t TensorSpec::nbytes() const {
+  const unsigned __int128 n = static_cast<unsigned __int128>(numel()) * dtype_size(dtype);
+  if (n > (static_cast<unsigned __int128>(1) << 62)) fail("tensor {} {}: too many bytes", name, shape_str(shape));
+  return static_cast<uint64_t>(n);
+}
 
 const char* component_name(Component c) {
   switch (c) {
@@ -90,12 +95,6 @@ namespace manifest_detail {
 
 bool is_engram_table(const std::string& name) {
   return name.find(".engram.embed.") != std::string::npos && name.rfind("mtp.", 0) != 0;
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 namespace {
@@ -341,7 +340,14 @@ Manifest build_manifest(const ModelConfig& cfg, CheckpointFormat fmt, const Exl3
          problems.size() > 1 ? fmt::format(" (and {} more problems)", problems.size() - 1) : "");
   Builder b(cfg, fmt, plan);
   b.model();
-  return b.take();
+  Manifest m = b.take();
+  // Every tensor is below 2^62 bytes (nbytes()); their sum must stay that far inside uint64 too,
+  // so that every byte total derived from the manifest (inspect, mkmodel) is exact.
+  unsigned __int128 total = 0;
+  for (const TensorSpec& t : m.tensors) total += t.nbytes();
+  if (total > (static_cast<unsigned __int128>(1) << 62))
+    fail("cannot derive the tensor manifest: the config describes more than 2^62 bytes of tensors");
+  return m;
 }
 
 }  // namespace manifest_detail

@@ -29,6 +29,5 @@ Manifest build_manifest(const ModelConfig& cfg, CheckpointFormat fmt, const Exl3
 inline int64_t pad128(int64_t x) { return (x + 127) / 128 * 128; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool is_engram_table(const std::string& name);
-std::string shape_str(const std::vector<int64_t>& shape);
 
 }  // namespace dsv41::manifest_detail

@@ -13,7 +13,6 @@ namespace dsv41 {
 using manifest_detail::Exl3Linear;
 using manifest_detail::Manifest;
 using manifest_detail::pad128;
-using manifest_detail::shape_str;
 
 namespace {
 

@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -17,6 +20,10 @@
 
 namespace dsv41 {
 
+// Tensor bytes are used in place (memcpy into host integers and floats): a big-endian host would
+// read every multi-byte value wrongly, so it is refused at build time rather than misread.
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian; big-endian hosts are not supported");
+
 using json = nlohmann::json;
 
 int64_t TensorInfo::numel() const {
@@ -25,7 +32,7 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-std::string TensorInfo::shape_str() const {
+std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
@@ -86,6 +93,10 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   if (fstat(fd, &st) != 0) {
     ::close(fd);
     fail("{}: cannot stat: {}", path, std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{}: not a regular file (a safetensors file was expected)", path);
   }
   f->size_ = static_cast<size_t>(st.st_size);
   if (f->size_ > 0) {
@@ -235,28 +246,41 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<in
   entries_.push_back(std::move(e));
 }
 
-void SafetensorsWriter::write(const std::string& path) const {
+std::string safetensors_preamble(const std::vector<HeaderEntry>& entries,
+                                 const std::map<std::string, std::string>& metadata) {
   json h = json::object();
-  if (!metadata_.empty()) h["__metadata__"] = metadata_;
+  if (!metadata.empty()) h["__metadata__"] = metadata;
   uint64_t off = 0;
-  for (const auto& e : entries_) {
-    h[e.name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape}, {"data_offsets", {off, off + e.bytes.size()}}};
-    off += e.bytes.size();
+  for (const auto& e : entries) {
+    h[e.name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape}, {"data_offsets", {off, off + e.nbytes}}};
+    off += e.nbytes;
   }
   std::string hs = h.dump();
   while (hs.size() % 8) hs.push_back(' ');
+  std::string out(8, '\0');
+  const uint64_t n = hs.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(static_cast<uint8_t>(n >> (8 * i)));
+  return out + hs;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  std::vector<HeaderEntry> header;
+  header.reserve(entries_.size());
+  for (const auto& e : entries_) header.push_back(HeaderEntry{e.name, e.dtype, e.shape, e.bytes.size()});
+  const std::string preamble = safetensors_preamble(header, metadata_);
   const std::string tmp = path + ".tmp";
+  // On any failure the partial file goes away: a later reader must never find a half-written one.
+  auto give_up = [&](const std::string& why) {
+    std::remove(tmp.c_str());
+    fail("{}: {}", path, why);
+  };
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  if (!out) fail("{}: cannot create: {}", tmp, std::strerror(errno));
-  uint8_t len[8];
-  uint64_t n = hs.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(hs.data(), static_cast<std::streamsize>(hs.size()));
+  if (!out) fail("{}: cannot create {}: {}", path, tmp, std::strerror(errno));
+  out.write(preamble.data(), static_cast<std::streamsize>(preamble.size()));
   for (const auto& e : entries_) out.write(reinterpret_cast<const char*>(e.bytes.data()), static_cast<std::streamsize>(e.bytes.size()));
   out.close();
-  if (!out) fail("{}: write failed", tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("{}: cannot rename into place: {}", path, std::strerror(errno));
+  if (!out) give_up("write failed (disk full?)");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) give_up(fmt::format("cannot rename into place: {}", std::strerror(errno)));
 }
 
 std::vector<float> tensor_to_f32(const TensorInfo& t) {

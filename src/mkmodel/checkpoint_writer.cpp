@@ -11,6 +11,7 @@
 
 #include "dsv41/common/error.h"
 #include "dsv41/common/parallel.h"
+#include "dsv41/loader/safetensors.h"
 #include "mkmodel/random_fill.h"
 #include "mkmodel/value_rules.h"
 
@@ -52,27 +53,24 @@ void write_shard(const std::string& path, std::vector<Item*> items, const WriteO
   std::stable_sort(items.begin(), items.end(), [](const Item* a, const Item* b) {
     return dtype_size(a->spec->dtype) > dtype_size(b->spec->dtype);
   });
-  json h = json::object();
-  h["__metadata__"] = {{"format", "pt"}, {"generator", "dsv41-serve mkmodel"}};
-  uint64_t off = 0;
-  for (const Item* it : items) {
-    h[it->spec->name] = {{"dtype", std::string(dtype_name(it->spec->dtype))},
-                         {"shape", it->spec->shape},
-                         {"data_offsets", {off, off + it->nbytes}}};
-    off += it->nbytes;
-  }
-  std::string hs = h.dump();
-  while (hs.size() % 8) hs.push_back(' ');
+  std::vector<HeaderEntry> header;
+  header.reserve(items.size());
+  for (const Item* it : items) header.push_back(HeaderEntry{it->spec->name, it->spec->dtype, it->spec->shape, it->nbytes});
+  const std::string preamble =
+      safetensors_preamble(header, {{"format", "pt"}, {"generator", "dsv41-serve mkmodel"}});
   const std::string tmp = path + ".tmp";
   std::unique_ptr<FILE, FileCloser> f(std::fopen(tmp.c_str(), "wb"));
-  if (!f) fail("{}: cannot create: {}", tmp, std::strerror(errno));
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(hs.size()) >> (8 * i));
-  auto put = [&](const void* p, size_t n) {
-    if (n && std::fwrite(p, 1, n, f.get()) != n) fail("{}: write failed: {}", tmp, std::strerror(errno));
+  if (!f) fail("{}: cannot create {}: {}", path, tmp, std::strerror(errno));
+  // A failed write leaves no partial shard behind.
+  auto give_up = [&](const std::string& why) {
+    f.reset();
+    std::remove(tmp.c_str());
+    fail("{}: {}", path, why);
   };
-  put(len, 8);
-  put(hs.data(), hs.size());
+  auto put = [&](const void* p, size_t n) {
+    if (n && std::fwrite(p, 1, n, f.get()) != n) give_up(fmt::format("write failed: {}", std::strerror(errno)));
+  };
+  put(preamble.data(), preamble.size());
 
   // Jobs = (tensor, chunk) in file order; batches of jobs are generated in parallel.
   struct Job {
@@ -109,10 +107,10 @@ void write_shard(const std::string& path, std::vector<Item*> items, const WriteO
     put(buf.data(), total);
     j0 = j1;
   }
-  if (std::fclose(f.release()) != 0) fail("{}: write failed: {}", tmp, std::strerror(errno));
+  if (std::fclose(f.release()) != 0) give_up(fmt::format("write failed: {}", std::strerror(errno)));
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) fail("{}: cannot rename into place: {}", path, ec.message());
+  if (ec) give_up(fmt::format("cannot rename into place: {}", ec.message()));
 }
 
 }  // namespace

@@ -110,8 +110,7 @@ void CpuModel::Impl::moe(const MoeWeights& w, const float* x, int64_t n, float* 
   for (int64_t i = 0; i < n * dim; ++i) out[i] = bf16_round(y[i] + sh[i]);
 }
 
-void CpuModel::Impl::engram(const EngramWeights& w, const int64_t* hash_rows, const float* /*h_in*/, float* h,
-                            int64_t n) const {
+void CpuModel::Impl::engram(const EngramWeights& w, const int64_t* hash_rows, float* h, int64_t n) const {
   const ModelConfig& c = cfg;
   const int64_t cols = c.n_engram_columns(), hdim = c.engram_head_dim, dim = c.hidden_size, hc = c.hc_mult;
   const int64_t in = cols * hdim, nsb = (hdim + 31) / 32;

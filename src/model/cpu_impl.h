@@ -134,7 +134,8 @@ struct CpuModel::Impl {
   void dspark_attention(const BlockWeights& b, int64_t stage, const CpuSeqState& st, const float* x, int64_t n,
                         int64_t anchor_pos, float* out) const;
   void moe(const MoeWeights& w, const float* x, int64_t n, float* out) const;
-  void engram(const EngramWeights& w, const int64_t* hash_rows, const float* h_in, float* h, int64_t n) const;
+  // h: [n][hc][dim] streams, updated in place; hash_rows: [n][n_cols] table rows of this layer.
+  void engram(const EngramWeights& w, const int64_t* hash_rows, float* h, int64_t n) const;
   void head_logits(const float* x, int64_t n, float* logits) const;
   void update_dspark_rings(CpuSeqState& st, const float* taps, int64_t n, int64_t start) const;
 };

@@ -143,7 +143,7 @@ void CpuModel::Impl::forward(CpuSeqState& st, const int32_t* tokens, int64_t n, 
       std::vector<int64_t> rows(static_cast<size_t>(n * cols));
       for (int64_t t = 0; t < n; ++t)
         std::copy_n(&hash_ids[(t * n_eng + b.engram->hash_index) * cols], cols, &rows[t * cols]);
-      engram(*b.engram, rows.data(), nullptr, h.data(), n);
+      engram(*b.engram, rows.data(), h.data(), n);
     }
     if (want_taps) {
       for (int64_t ti = 0; ti < nt; ++ti) {

@@ -15,6 +15,7 @@ namespace dsv41::engram {
 namespace {
 
 using test::TempDir;
+namespace fs = std::filesystem;
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -27,7 +28,7 @@ std::string error_of(const std::function<void()>& f) {
 
 #define EXPECT_HAS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
 
-struct Errors : ::testing::Test {
+struct EngramErrorsAndStore : ::testing::Test {
   TempDir tmp;
   test::SplitModel m;
   void SetUp() override { m = test::make_split_model(tmp.path()); }
@@ -42,7 +43,7 @@ struct Errors : ::testing::Test {
   }
 };
 
-TEST_F(Errors, MissingShard) {
+TEST_F(EngramErrorsAndStore, MissingShard) {
   fs::remove(m.engram_dir + "/" + m.engram_shards[1]);
   const std::string e = error_of([&] { open_safetensors_dir_source(m.engram_dir, m.geo); });
   EXPECT_HAS(e, m.engram_shards[1]);
@@ -50,7 +51,7 @@ TEST_F(Errors, MissingShard) {
   EXPECT_HAS(error_of([&] { pack(tmp.sub("p"), 0, 1); }), "missing");
 }
 
-TEST_F(Errors, TruncatedShardAtStartUp) {
+TEST_F(EngramErrorsAndStore, TruncatedShardAtStartUp) {
   const std::string shard = m.engram_dir + "/" + m.engram_shards[0];
   fs::resize_file(shard, fs::file_size(shard) - 5);
   const std::string e = error_of([&] { open_safetensors_dir_source(m.engram_dir, m.geo); });
@@ -58,7 +59,7 @@ TEST_F(Errors, TruncatedShardAtStartUp) {
   EXPECT_HAS(e, m.engram_shards[0]);
 }
 
-TEST_F(Errors, ShortReadAtRunTimeFailsOnlyThatRequest) {
+TEST_F(EngramErrorsAndStore, ShortReadAtRunTimeFailsOnlyThatRequest) {
   for (bool direct : {true, false}) {
     TempDir t2;
     auto mm = test::make_split_model(t2.path());
@@ -78,7 +79,7 @@ TEST_F(Errors, ShortReadAtRunTimeFailsOnlyThatRequest) {
   }
 }
 
-TEST_F(Errors, WrongRowCountForTheConfig) {
+TEST_F(EngramErrorsAndStore, WrongRowCountForTheConfig) {
   // Rewrite layer 0's shard with one row fewer than engram_num_embeddings[0].
   auto ck = Checkpoint::open(test::fixture_model("tiny-s0"));
   const int64_t id = m.geo.layer_ids[0], rows = m.geo.rows[0] - 1;
@@ -93,7 +94,7 @@ TEST_F(Errors, WrongRowCountForTheConfig) {
   EXPECT_HAS(e, "wrong table");
 }
 
-TEST_F(Errors, IndexWithoutTheEngramTensor) {
+TEST_F(EngramErrorsAndStore, IndexWithoutTheEngramTensor) {
   std::ifstream in(m.engram_dir + "/model.safetensors.index.json");
   auto j = nlohmann::json::parse(in);
   j["weight_map"].erase(fmt::format("layers.{}.engram.embed.scale", m.geo.layer_ids[1]));
@@ -101,7 +102,7 @@ TEST_F(Errors, IndexWithoutTheEngramTensor) {
   EXPECT_HAS(error_of([&] { open_safetensors_dir_source(m.engram_dir, m.geo); }), "no entry for");
 }
 
-TEST_F(Errors, CorruptedPackedFileIsAChecksumMismatch) {
+TEST_F(EngramErrorsAndStore, CorruptedPackedFileIsAChecksumMismatch) {
   const auto r = pack(tmp.sub("p"), 1, 2);
   {
     std::fstream f(r.files[1], std::ios::binary | std::ios::in | std::ios::out);
@@ -115,7 +116,7 @@ TEST_F(Errors, CorruptedPackedFileIsAChecksumMismatch) {
   EXPECT_HAS(e, fs::path(r.files[1]).filename().string());
 }
 
-TEST_F(Errors, TruncatedOrMissingPackedFile) {
+TEST_F(EngramErrorsAndStore, TruncatedOrMissingPackedFile) {
   const auto r = pack(tmp.sub("p"), 0, 1);
   fs::resize_file(r.files[0], fs::file_size(r.files[0]) - 1);
   EXPECT_HAS(error_of([&] { open_packed_source(tmp.sub("p"), m.geo, 0, 1); }), "truncated");
@@ -126,7 +127,7 @@ TEST_F(Errors, TruncatedOrMissingPackedFile) {
   EXPECT_HAS(error_of([&] { open_packed_source(tmp.sub("nothing"), m.geo, 0, 0); }), "not a directory");
 }
 
-TEST_F(Errors, PackForAnotherGeometryIsRefused) {
+TEST_F(EngramErrorsAndStore, PackForAnotherGeometryIsRefused) {
   pack(tmp.sub("p"), 0, 1);
   auto cfg = m.cfg;
   cfg.engram_head_dim = 64;
@@ -136,7 +137,7 @@ TEST_F(Errors, PackForAnotherGeometryIsRefused) {
 
 // ---- the store ----
 
-TEST_F(Errors, StoreDeduplicatesCachesAndCounts) {
+TEST_F(EngramErrorsAndStore, StoreDeduplicatesCachesAndCounts) {
   auto ck = Checkpoint::open(test::fixture_model("tiny-s0"));
   const double row_gib = static_cast<double>(m.geo.row_bytes) / 1073741824.0;
   EngramStore store(open_safetensors_dir_source(m.engram_dir, m.geo), {.cache_gib = 1000 * row_gib, .io_threads = 8});
@@ -178,7 +179,7 @@ TEST_F(Errors, StoreDeduplicatesCachesAndCounts) {
   EXPECT_HAS(text, "dsv41_engram_rows_per_second");
 }
 
-TEST_F(Errors, BoundedCacheEvictsAndStaysCorrect) {
+TEST_F(EngramErrorsAndStore, BoundedCacheEvictsAndStaysCorrect) {
   auto ck = Checkpoint::open(test::fixture_model("tiny-s0"));
   const double row_gib = static_cast<double>(m.geo.row_bytes) / 1073741824.0;
   EngramStore store(open_safetensors_dir_source(m.engram_dir, m.geo, {.direct_io = false}),
@@ -199,7 +200,7 @@ TEST_F(Errors, BoundedCacheEvictsAndStaysCorrect) {
   EXPECT_GT(store.metrics().cache_hits, 0u);
 }
 
-TEST_F(Errors, PrefetchRejectsRowsOutsideTheTableOrThePack) {
+TEST_F(EngramErrorsAndStore, PrefetchRejectsRowsOutsideTheTableOrThePack) {
   EngramStore store(open_safetensors_dir_source(m.engram_dir, m.geo));
   const int64_t bad = m.geo.rows[0];
   EXPECT_HAS(error_of([&] { store.prefetch(0, std::span<const int64_t>(&bad, 1)); }), "out of range");
@@ -230,7 +231,7 @@ CliResult run_cli(const std::string& args) {
   return r;
 }
 
-TEST_F(Errors, PackEngramCommandLine) {
+TEST_F(EngramErrorsAndStore, PackEngramCommandLine) {
   const std::string out = tmp.sub("cli");
   auto r = run_cli("pack-engram --engram-dir " + m.engram_dir + " --rank 1 --world-size 2 --out " + out +
                    " --max-rows 10 --no-progress");

@@ -16,8 +16,9 @@ namespace dsv41::engram {
 namespace {
 
 using test::TempDir;
+namespace fs = std::filesystem;
 
-struct Fixture : ::testing::Test {
+struct EngramSources : ::testing::Test {
   TempDir tmp;
   test::SplitModel m;
   std::unique_ptr<Checkpoint> orig;
@@ -66,19 +67,19 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-TEST_F(Fixture, CheckpointSourceMatchesTheTensors) {
+TEST_F(EngramSources, CheckpointSourceMatchesTheTensors) {
   auto src = open_checkpoint_source(*orig, m.geo);
   expect_all_rows_equal(*src);
 }
 
-TEST_F(Fixture, SafetensorsDirSourceMatchesWithDirectAndBufferedIo) {
+TEST_F(EngramSources, SafetensorsDirSourceMatchesWithDirectAndBufferedIo) {
   for (bool direct : {true, false}) {
     auto src = open_safetensors_dir_source(m.engram_dir, m.geo, {.direct_io = direct});
     expect_all_rows_equal(*src);
   }
 }
 
-TEST_F(Fixture, DequantMatchesTheLoaderConversion) {
+TEST_F(EngramSources, DequantMatchesTheLoaderConversion) {
   // bf16(e4m3 × 2^(scale−127)) through the loader's generic tensor_to_f32 conversions.
   for (int64_t l = 0; l < m.geo.n_layers(); ++l) {
     const int64_t id = m.geo.layer_ids[static_cast<size_t>(l)];
@@ -97,7 +98,7 @@ TEST_F(Fixture, DequantMatchesTheLoaderConversion) {
   }
 }
 
-TEST_F(Fixture, PackedFilesAreTheOriginalSlicesAtWorldSizeOneAndTwo) {
+TEST_F(EngramSources, PackedFilesAreTheOriginalSlicesAtWorldSizeOneAndTwo) {
   for (int world : {1, 2}) {
     const std::string out = tmp.sub("pack" + std::to_string(world));
     for (int rank = 0; rank < world; ++rank) {
@@ -137,7 +138,7 @@ TEST_F(Fixture, PackedFilesAreTheOriginalSlicesAtWorldSizeOneAndTwo) {
   }
 }
 
-TEST_F(Fixture, PackingResumesAndVerifies) {
+TEST_F(EngramSources, PackingResumesAndVerifies) {
   const std::string ref = tmp.sub("ref"), out = tmp.sub("resumed");
   ASSERT_TRUE(pack(ref, 1, 2).complete);
   const int64_t total = pack(out, 1, 2, 50).rows_total;
@@ -162,7 +163,7 @@ TEST_F(Fixture, PackingResumesAndVerifies) {
   EXPECT_NO_THROW(open_packed_source(out, m.geo, 1, 2));  // complete, checksums verified
 }
 
-TEST_F(Fixture, ResumeRepacksACorruptedPrefix) {
+TEST_F(EngramSources, ResumeRepacksACorruptedPrefix) {
   const std::string out = tmp.sub("corrupt");
   auto r1 = pack(out, 0, 1, 120);
   {

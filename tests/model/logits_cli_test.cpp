@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <sys/wait.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>

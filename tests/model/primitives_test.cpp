@@ -1,10 +1,12 @@
 // Unit tests of the CPU reference primitives (MODEL.md §3.5, §4) against hand-derived values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "dsv41/common/error.h"
 #include "dsv41/common/numeric.h"
 #include "dsv41/config/model_config.h"
 #include "model/engram_hash.h"
@@ -105,14 +107,38 @@ TEST(Mhc, SinkhornIsDoublyStochastic) {
   for (float& f : base) f = nd(g);
   HcMix m;
   hc_split_sinkhorn(mixes.data(), 4, base.data(), scale.data(), 20, 1e-6, m);
+  // Independent double-precision run of the same iteration (row softmax + eps, column
+  // normalisation, then 19 x (row, column)).
+  double c[4][4];
+  for (int r = 0; r < 4; ++r) {
+    double mx = -1e300, s = 0;
+    for (int k = 0; k < 4; ++k) mx = std::max(mx, double(mixes[8 + r * 4 + k]) * 1.3 + base[8 + r * 4 + k]);
+    for (int k = 0; k < 4; ++k) s += (c[r][k] = std::exp(double(mixes[8 + r * 4 + k]) * 1.3 + base[8 + r * 4 + k] - mx));
+    for (int k = 0; k < 4; ++k) c[r][k] = c[r][k] / s + 1e-6;
+  }
+  auto cols = [&] {
+    for (int k = 0; k < 4; ++k) {
+      double s = 0;
+      for (int r = 0; r < 4; ++r) s += c[r][k];
+      for (int r = 0; r < 4; ++r) c[r][k] /= s + 1e-6;
+    }
+  };
+  cols();
+  for (int it = 0; it < 19; ++it) {
+    for (int r = 0; r < 4; ++r) {
+      double s = 0;
+      for (int k = 0; k < 4; ++k) s += c[r][k];
+      for (int k = 0; k < 4; ++k) c[r][k] /= s + 1e-6;
+    }
+    cols();
+  }
   for (int k = 0; k < 4; ++k) {
-    float col = 0, row = 0;
+    float col = 0;
     for (int j = 0; j < 4; ++j) {
       col += m.comb[j * 4 + k];
-      row += m.comb[k * 4 + j];
+      EXPECT_NEAR(m.comb[j * 4 + k], c[j][k], 1e-5) << j << "," << k;
     }
-    EXPECT_NEAR(col, 1.0f, 1e-4f);
-    EXPECT_NEAR(row, 1.0f, 1e-3f);
+    EXPECT_NEAR(col, 1.0f, 1e-4f);  // ends with a column normalisation
     EXPECT_GT(m.pre[k], 0.0f);
     EXPECT_LT(m.pre[k], 1.0f + 2e-6f);
     EXPECT_GT(m.post[k], 0.0f);
@@ -167,7 +193,7 @@ TEST(Engram, ReleasedPrimesAndMultipliers) {
   EXPECT_EQ(h[1].multipliers, (std::vector<int64_t>{67716810739261, 51510806800915, 30921347202721, 82619226485591}));
   // A wrong row count in the config is refused.
   c.engram_num_embeddings[1] += 1;
-  EXPECT_THROW(build_engram_hashes(c), Error);
+  EXPECT_THROW(build_engram_hashes(c), dsv41::Error);
 }
 
 TEST(Engram, HashOfPaddedHistory) {

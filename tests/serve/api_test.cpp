@@ -74,7 +74,7 @@ TEST(Api, CompletionGreedyIdsEqualTheModelAndStreamAgrees) {
   J usage = ev[ev.size() - 2];
   EXPECT_TRUE(usage["choices"].is_array() && usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 12);
-  EXPECT_EQ(streamed, b["choices"][0]["text"]);
+  EXPECT_EQ(streamed, b["choices"][0]["text"].get<std::string>());
   EXPECT_EQ(ids, reference(*s.model, prompt, 12));
   EXPECT_EQ(finish, "length");
 }

@@ -97,9 +97,9 @@ TEST(Chat, ThinkingAnswerSplitsReasoningAndContent) {
   auto m = merge_stream(ServedRuleModel::drain(s.call("POST", "/v1/chat/completions", req.dump())));
   EXPECT_TRUE(m.done);
   EXPECT_EQ(m.role_chunks, 1);
-  EXPECT_EQ(m.reasoning, msg["reasoning_content"]);
-  EXPECT_EQ(m.reasoning_alias, msg["reasoning"]);
-  EXPECT_EQ(m.content, msg["content"]);
+  EXPECT_EQ(m.reasoning, msg["reasoning_content"].get<std::string>());
+  EXPECT_EQ(m.reasoning_alias, msg["reasoning"].get<std::string>());
+  EXPECT_EQ(m.content, msg["content"].get<std::string>());
   EXPECT_EQ(m.finish, "stop");
   EXPECT_EQ(m.usage, b["usage"]);
 }
@@ -189,5 +189,5 @@ TEST(Chat, LogprobsAndLengthFinish) {
     EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);  // greedy: the best is the chosen one
     EXPECT_TRUE(e["bytes"].is_array());
   }
-  EXPECT_EQ(joined, b["choices"][0]["message"]["content"]);
+  EXPECT_EQ(joined, b["choices"][0]["message"]["content"].get<std::string>());
 }

@@ -58,7 +58,7 @@ TEST(Socket, StreamingAndNonStreamingAgreeOverHttp) {
     const J chunk = J::parse(ev[i]);
     for (auto& c : chunk["choices"]) text += c["text"].get<std::string>();
   }
-  EXPECT_EQ(text, J::parse(r.body)["choices"][0]["text"]);
+  EXPECT_EQ(text, J::parse(r.body)["choices"][0]["text"].get<std::string>());
 }
 
 TEST(Socket, SixtyFourStreamsWithRandomDisconnects) {

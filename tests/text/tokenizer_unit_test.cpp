@@ -2,8 +2,10 @@
 // flags and Split behaviors), the regex dialect, error reporting, and the two BPE merge loops.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <random>
+#include <thread>
 
 #include "dsv41/common/error.h"
 #include "text/bpe.h"
@@ -180,6 +182,55 @@ TEST(TokenizerUnit, LongInputIsFast) {
   EXPECT_GT(ids.size(), 500'000u);
   EXPECT_LT(s, 10.0);
   EXPECT_EQ(testing::v3_tokenizer().decode(ids), text);
+}
+
+}  // namespace
+}  // namespace dsv41::text
+
+namespace dsv41::text {
+namespace {
+
+TEST(TokenizerUnit, StreamDecoderHoldsSplitCharacters) {
+  const Tokenizer& tok = testing::v3_tokenizer();
+  const auto& a = byte_level_alphabet();
+  auto byte_token = [&](uint8_t b) { return tok.require_token(a.byte_to_utf8[b]); };
+  StreamDecoder sd(tok);
+  EXPECT_EQ(sd.push(byte_token('a')), "a");
+  EXPECT_EQ(sd.push(byte_token(0xF0)), "");
+  EXPECT_EQ(sd.push(byte_token(0x9F)), "");
+  EXPECT_EQ(sd.push(byte_token(0x98)), "");
+  EXPECT_EQ(sd.pending_bytes(), 3u);
+  EXPECT_EQ(sd.push(byte_token(0x80)), "\xF0\x9F\x98\x80");
+  // an ill-formed byte comes out as U+FFFD at once; a cut sequence at the end as one U+FFFD
+  EXPECT_EQ(sd.push(byte_token(0xFF)), "\xEF\xBF\xBD");
+  EXPECT_EQ(sd.push(byte_token(0xE4)), "");
+  EXPECT_EQ(sd.push(byte_token('b')), "\xEF\xBF\xBD" "b");
+  EXPECT_EQ(sd.push(byte_token(0xE4)), "");
+  EXPECT_EQ(sd.finish(), "\xEF\xBF\xBD");
+  const std::vector<TokenId> ids = {byte_token('a'), byte_token(0xF0), byte_token(0x9F), byte_token(0x98), byte_token(0x80),
+                                    byte_token(0xFF), byte_token(0xE4), byte_token('b'), byte_token(0xE4)};
+  EXPECT_EQ(tok.decode(ids), "a\xF0\x9F\x98\x80\xEF\xBF\xBD\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+}
+
+TEST(TokenizerUnit, ConcurrentEncodingIsConsistent) {
+  const Tokenizer& tok = testing::v3_tokenizer();
+  const auto golden = testing::read_json("tokenizer/tokenizer_golden.json");
+  std::vector<std::string> texts;
+  std::vector<std::vector<TokenId>> want;
+  for (const auto& c : golden["cases"]) {
+    texts.push_back(c["text"].get<std::string>());
+    want.push_back(c["ids"].get<std::vector<TokenId>>());
+  }
+  std::atomic<int> mismatches{0};
+  auto work = [&] {
+    for (int rep = 0; rep < 20; ++rep)
+      for (size_t i = 0; i < texts.size(); ++i)
+        if (tok.encode(texts[i]) != want[i]) ++mismatches;
+  };
+  std::thread t1(work), t2(work);
+  t1.join();
+  t2.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // safetensors files: a little-endian u64 header length, a JSON header, then the data section.
 // Files are memory-mapped read-only; every offset in the header is bounds-checked at open, so a
-// TensorInfo's `data` always points at exactly `nbytes` readable bytes.
+// TensorInfo's `data` always points at exactly `nbytes` readable bytes, valid as long as the
+// SafetensorsFile (or the Checkpoint owning it) lives.
+// Byte order: tensor data is little-endian on disk and is read in place (tensor_to_f32, the EXL3
+// trellis, the CPU model), so the project supports little-endian hosts only (see safetensors.cpp).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -14,6 +17,9 @@
 
 namespace dsv41 {
 
+// "[2304, 5120]"
+std::string shape_str(const std::vector<int64_t>& shape);
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::F32;
@@ -24,7 +30,7 @@ struct TensorInfo {
   std::string file;               // path of the file holding it
 
   int64_t numel() const;
-  std::string shape_str() const;  // "[2304, 5120]"
+  std::string shape_str() const { return dsv41::shape_str(shape); }
 };
 
 class SafetensorsFile {
@@ -56,6 +62,20 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// One tensor of a header to write; data offsets follow from the order of the entries.
+struct HeaderEntry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t nbytes;
+};
+
+// The start of a safetensors file: the u64 little-endian header length, then the JSON header with
+// the entries' data back to back in the given order, padded with spaces to a multiple of 8 so that
+// the data section (and every tensor of a size-sorted file) is aligned.
+std::string safetensors_preamble(const std::vector<HeaderEntry>& entries,
+                                 const std::map<std::string, std::string>& metadata);
+
 // Collects tensors and writes one safetensors file (header padded to 8 bytes).
 class SafetensorsWriter {
  public:
@@ -66,7 +86,9 @@ class SafetensorsWriter {
     add(name, dtype, std::move(shape), v.data(), v.size() * sizeof(T));
   }
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
-  void write(const std::string& path) const;  // throws dsv41::Error on I/O failure
+  // Writes PATH.tmp, then renames it into place; throws dsv41::Error on I/O failure (the .tmp file
+  // is removed then).
+  void write(const std::string& path) const;
   uint64_t data_bytes() const { return data_size_; }
 
  private:

@@ -46,7 +46,10 @@ struct LowMemory {
 };
 
 // What an action did. `acted` = it freed or released something (false: nothing left to do, e.g.
-// no cache to shrink). `what` is logged.
+// no cache to shrink). `what` is logged. Actions run on the sampling thread and are repeated every
+// period while memory stays low, so an action whose release is asynchronous (e.g. a preemption
+// the engine carries out at its next step) should report acted=false while its previous release
+// is still pending, or the watchdog escalates (preempts more) before the first one took effect.
 struct ActionResult {
   bool acted = false;
   std::string what;

@@ -15,7 +15,7 @@ void sparse_attention(const float* q, const std::vector<const float*>& rows, con
   constexpr int64_t kBlock = 64;
   const int64_t n = static_cast<int64_t>(rows.size());
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  std::vector<float> acc(static_cast<size_t>(d)), s(kBlock), p(kBlock);
+  std::vector<float> acc(static_cast<size_t>(d)), pv(static_cast<size_t>(d)), s(kBlock), p(kBlock);
   for (int64_t h = 0; h < heads; ++h) {
     const float* qh = q + h * d;
     float m = -1e30f, l = 0.0f;
@@ -37,13 +37,15 @@ void sparse_attention(const float* q, const std::vector<const float*>& rows, con
       for (int64_t j = 0; j < cn; ++j) p[j] = std::exp(s[j] - m_new);
       const float psum = torch_sum_f32(p.data(), cn);
       l = l * c + psum;
-      for (int64_t k = 0; k < d; ++k) acc[k] *= c;
+      // PV of this chunk summed from zero, then acc·c + pv (two separate roundings, as the reference).
+      std::fill(pv.begin(), pv.end(), 0.0f);
       for (int64_t j = 0; j < cn; ++j) {
         const float* r = rows[static_cast<size_t>(c0 + j)];
         if (!r) continue;
         const float pb = bf16_round(p[j]);
-        for (int64_t k = 0; k < d; ++k) acc[k] += pb * r[k];
+        for (int64_t k = 0; k < d; ++k) pv[k] += pb * r[k];
       }
+      for (int64_t k = 0; k < d; ++k) acc[k] = acc[k] * c + pv[k];
       m = m_new;
     }
     l = l + std::exp(sink[h] - m);

@@ -191,19 +191,21 @@ struct EngramStore::Impl {
       w.rows += ok;
       w.bytes += ok * s->row_bytes;
     }
-    bool failed_now = false;
-    {
+    // The error counter moves before the waiter can wake up (it wakes when pending reaches 0).
+    bool first_error = false;
+    if (err) {
       std::lock_guard lk(s->mu);
-      if (err && !s->error) {
+      if (!s->error) {
         s->error = err;
-        failed_now = true;
+        first_error = true;
       }
-      if (--s->pending == 0) s->cv.notify_all();
     }
-    if (failed_now) {
+    if (first_error) {
       std::lock_guard lk(metrics_mu);
       ++m.read_errors;
     }
+    std::lock_guard lk(s->mu);
+    if (--s->pending == 0) s->cv.notify_all();
   }
 };
 

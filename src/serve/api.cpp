@@ -215,7 +215,7 @@ HttpResponse Api::chat_completions(const HttpRequest& r) {
   const int64_t dflt = in.thinking ? opt_.default_max_tokens_thinking : opt_.default_max_tokens_chat;
   spec.max_tokens = resolve_max_tokens(spec.params.max_tokens, dflt, static_cast<int64_t>(in.prompt.size()), sched_.max_model_len());
   spec.prompts.push_back(std::move(in));
-  return run_generation(std::move(spec), sched_, text_, opt_, metrics_);
+  return run_generation(std::move(spec), sched_, text_, opt_, metrics_, r.client_gone);
 }
 
 HttpResponse Api::completions(const HttpRequest& r) {
@@ -260,7 +260,7 @@ HttpResponse Api::completions(const HttpRequest& r) {
     in.prompt = std::move(p);
     spec.prompts.push_back(std::move(in));
   }
-  return run_generation(std::move(spec), sched_, text_, opt_, metrics_);
+  return run_generation(std::move(spec), sched_, text_, opt_, metrics_, r.client_gone);
 }
 
 HttpResponse Api::tokenize(const HttpRequest& r) {

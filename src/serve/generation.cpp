@@ -269,9 +269,17 @@ class Generation {
     return delta;
   }
 
-  HttpResponse body_response() {
+  HttpResponse body_response(const std::function<bool()>& client_gone) {
     Step st;
     while (!poll(st, std::chrono::milliseconds(opt_.poll_ms))) {
+      if (client_gone && client_gone()) {
+        // Nobody will read the answer: free the sequences now.
+        cancel_all();
+        HttpResponse r;
+        r.status = 499;
+        r.body = R"({"error":{"message":"client closed the connection","type":"invalid_request_error","param":null,"code":499}})";
+        return r;
+      }
     }
     record_metrics();
     if (any_failed()) throw ApiError(500, "internal error while generating", "internal_server_error");
@@ -311,7 +319,7 @@ class Generation {
   }
 
   // The SSE producer. Returns when every choice finished, the client left, or on error.
-  void stream(const BodyWriter& write) {
+  void stream(const BodyWriter& write, const std::function<bool()>& client_gone) {
     auto send = [&](const Json& j) { return write("data: " + j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n"); };
     const bool usage_on = spec_.params.include_usage;
     auto chunk = [&](Json choices) {
@@ -342,6 +350,7 @@ class Generation {
     bool done = false;
     while (!done) {
       done = poll(st, std::chrono::milliseconds(opt_.poll_ms));
+      if (!done && client_gone && client_gone()) return cancel_all();
       Json arr = Json::array();
       Json finals = Json::array();
       for (size_t i = 0; i < choices_.size(); ++i) {
@@ -464,15 +473,15 @@ HttpResponse error_response(const ApiError& e, int retry_after_s) {
 }
 
 HttpResponse run_generation(GenerationSpec spec, sched::Scheduler& sched, const TextBackend& text,
-                            const ApiOptions& opt, std::shared_ptr<Metrics> metrics) {
+                            const ApiOptions& opt, std::shared_ptr<Metrics> metrics, std::function<bool()> client_gone) {
   const bool stream = spec.params.stream;
   auto gen = std::make_shared<Generation>(std::move(spec), sched, text, opt, std::move(metrics));
   gen->submit();
-  if (!stream) return gen->body_response();
+  if (!stream) return gen->body_response(client_gone);
   HttpResponse r;
   r.content_type = "text/event-stream";
   r.headers.emplace_back("Cache-Control", "no-cache");
-  r.stream = [gen](const BodyWriter& w) { gen->stream(w); };
+  r.stream = [gen, client_gone](const BodyWriter& w) { gen->stream(w, client_gone); };
   return r;
 }
 

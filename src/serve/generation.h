@@ -2,6 +2,7 @@
 // the scheduler, follows their channels, and renders the non-streamed body or the SSE stream.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,7 +34,10 @@ struct GenerationSpec {
 
 // Submits every choice; throws ApiError (400 / 429 / 503) when the scheduler refuses one (the
 // others are cancelled). Returns the HTTP response (a body, or a stream producer).
+// client_gone (may be empty) lets a waiting handler notice a client that hung up: its sequences
+// are cancelled.
 HttpResponse run_generation(GenerationSpec spec, sched::Scheduler& sched, const TextBackend& text,
-                            const ApiOptions& opt, std::shared_ptr<Metrics> metrics);
+                            const ApiOptions& opt, std::shared_ptr<Metrics> metrics,
+                            std::function<bool()> client_gone = {});
 
 }  // namespace dsv41::serve

@@ -3,7 +3,12 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
 #include <cctype>
 #include <sys/socket.h>
 
@@ -52,6 +57,39 @@ std::string error_body(int status, const std::string& msg) {
   out += status_type(status);
   out += R"(","param":null,"code":)" + std::to_string(status) + "}}";
   return out;
+}
+
+// httplib does not hand the connection's socket to handlers; it is the open socket whose local
+// port and peer address match the request's (found through /proc/self/fd, once per request).
+int find_connection_fd(const std::string& remote_addr, int remote_port, int local_port) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(e.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    char host[INET6_ADDRSTRLEN] = {};
+    int lp = -1, pp = -1;
+    if (local.ss_family == AF_INET && peer.ss_family == AF_INET) {
+      lp = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+      pp = ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port);
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr, host, sizeof host);
+    } else if (local.ss_family == AF_INET6 && peer.ss_family == AF_INET6) {
+      lp = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+      pp = ntohs(reinterpret_cast<sockaddr_in6*>(&peer)->sin6_port);
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr, host, sizeof host);
+    } else {
+      continue;
+    }
+    if (lp == local_port && pp == remote_port && remote_addr == host) return fd;
+  }
+  return -1;
 }
 
 void to_httplib(HttpResponse&& r, httplib::Response& res) {
@@ -115,6 +153,16 @@ void HttpServer::start() {
     r.path = req.path;
     r.body = req.body;
     for (auto& [k, v] : req.headers) r.headers.emplace_back(k, v);
+    // Found on first use (only handlers that wait for tokens ask); the connection stays open
+    // until the handler and its stream producer return, so the descriptor stays ours.
+    auto fd = std::make_shared<int>(-2);
+    r.client_gone = [fd, addr = req.remote_addr, rport = req.remote_port, lport = req.local_port] {
+      if (*fd == -2) *fd = find_connection_fd(addr, rport, lport);
+      if (*fd < 0) return false;
+      char c = 0;
+      const ssize_t n = ::recv(*fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    };
     try {
       to_httplib(m.handler(r), res);
     } catch (const std::exception& e) {

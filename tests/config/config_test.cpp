@@ -200,6 +200,12 @@ TEST(ConfigValidate, EachProblemNamesItsKey) {
        "vision_config.hidden_size = 1024 must split into num_attention_heads = 24"},
       {"too large", [](json& j) { j["text_config"]["n_routed_experts"] = 100000; },
        "n_routed_experts = 100000 is larger than the supported maximum 4096"},
+      {"too many expert matrices",
+       [](json& j) {
+         j["text_config"]["n_routed_experts"] = 4096;
+         j["text_config"]["dspark_n_routed_experts"] = 4096;
+       },
+       "528384 routed expert matrices"},
   };
   for (const auto& c : cases) {
     const auto p = problems_after(c.edit);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "dsv41/exl3/exl3_tensors.h"
 #include "dsv41/loader/safetensors.h"
@@ -17,9 +18,11 @@ namespace dsv41::exl3::test {
 // A test whose temporary files and folders (under ::testing::TempDir()) are removed afterwards.
 class TempDirTest : public ::testing::Test {
  protected:
-  // A fresh (removed) path TempDir()/name; it is deleted again when the test ends.
+  // A fresh (removed) path TempDir()/<pid>_name; it is deleted again when the test ends. The pid
+  // keeps concurrent runs of the same test (ctest -j, several build folders) apart.
   std::string temp_path(const std::string& name) {
-    const std::filesystem::path p = std::filesystem::path(::testing::TempDir()) / name;
+    const std::filesystem::path p =
+        std::filesystem::path(::testing::TempDir()) / (std::to_string(::getpid()) + "_" + name);
     std::filesystem::remove_all(p);
     created_.push_back(p.string());
     return p.string();
@@ -45,8 +48,9 @@ inline std::vector<uint16_t> u16_of(const TensorInfo& t) {
   return v;
 }
 
-// sqrt(sum (a-b)^2 / sum b^2)
+// sqrt(sum (a-b)^2 / sum b^2); infinite when the sizes differ, so a short result cannot pass.
 inline double rms_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || b.empty()) return INFINITY;
   double num = 0, den = 0;
   for (size_t i = 0; i < b.size(); ++i) {
     num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
@@ -55,8 +59,9 @@ inline double rms_rel(const std::vector<float>& a, const std::vector<float>& b) 
   return std::sqrt(num / den);
 }
 
-// max |a-b| / max |b|
+// max |a-b| / max |b|; infinite when the sizes differ.
 inline double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || b.empty()) return INFINITY;
   double num = 0, den = 0;
   for (size_t i = 0; i < b.size(); ++i) {
     num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));

@@ -103,6 +103,20 @@ TEST(InspectCli, BrokenShardAndBadConfigAreReportedNotFatal) {
   EXPECT_NE(all.find("truncated"), std::string::npos) << all;
 }
 
+TEST(InspectCli, BadArgumentsGiveOneErrorAndNoReport) {
+  TempDir dir;
+  const std::string cfg = std::string(DSV41_FIXTURES_DIR) + "/tiny-s0/model/config.json";
+  for (const std::string& args : std::vector<std::string>{
+           "inspect --model " + dir.str() + "/absent", "inspect --json --config-only " + dir.str() + "/absent.json",
+        "inspect --json", "inspect --model " + dir.str() + " --config-only " + cfg,
+        "inspect --format exl3 --model " + std::string(DSV41_FIXTURES_DIR) + "/tiny-s0/model",
+        "inspect --world-size 0 --config-only " + cfg}) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_TRUE(r.out.empty()) << args << "\n" << r.out;
+  }
+}
+
 TEST(InspectCli, Exl3FormatManifestHasBitWidths) {
   const CliResult r = run_cli(std::string("inspect --json --format exl3 --config-only ") + DSV41_FIXTURES_DIR +
                     "/tiny-s0/model/config.json");

@@ -185,6 +185,40 @@ TEST(SafetensorsErrors, MalformedEntries) {
   expect_error([&] { open_image(image_of(R"({"a":{"shape":[1],"data_offsets":[0,1]}})", {0})); }, {"tensor 'a'", "dtype"});
 }
 
+TEST(SafetensorsErrors, NotARegularFile) {
+  TempDir dir;
+  expect_error([&] { SafetensorsFile::open(dir.str()); }, {"not a regular file"});
+  expect_error([&] { SafetensorsFile::open((dir.path() / "none.safetensors").string()); },
+               {"none.safetensors", "cannot open"});
+}
+
+TEST(SafetensorsWriter, FailedWriteLeavesNoPartialFile) {
+  TempDir dir;
+  SafetensorsWriter w;
+  const std::vector<float> v = {1.0f, 2.0f};
+  w.add("a", DType::F32, {2}, v);
+  // The target is an existing folder: the rename fails after the data was written to PATH.tmp.
+  const auto target = dir.path() / "taken";
+  std::filesystem::create_directories(target / "inside");
+  expect_error([&] { w.write(target.string()); }, {"taken", "cannot rename into place"});
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "taken.tmp"));
+  expect_error([&] { w.write((dir.path() / "missing" / "x.safetensors").string()); }, {"x.safetensors", "cannot create"});
+}
+
+TEST(Safetensors, PreambleIsAlignedAndDescribesTheEntries) {
+  const std::string p = safetensors_preamble({{"w", DType::F16, {3}, 6}, {"b", DType::I32, {}, 4}}, {{"k", "v"}});
+  ASSERT_GE(p.size(), 8u);
+  EXPECT_EQ(p.size() % 8, 0u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(p[static_cast<size_t>(i)]);
+  EXPECT_EQ(n, p.size() - 8);
+  const json h = json::parse(p.substr(8));
+  EXPECT_EQ(h["w"]["data_offsets"], json({0, 6}));
+  EXPECT_EQ(h["b"]["data_offsets"], json({6, 10}));
+  EXPECT_EQ(h["b"]["shape"], json::array());
+  EXPECT_EQ(h["__metadata__"]["k"], "v");
+}
+
 // ---- sharded checkpoints ----
 
 void write_shard(const std::filesystem::path& p, const std::vector<std::string>& names) {

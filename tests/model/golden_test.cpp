@@ -55,7 +55,7 @@ Golden load_golden(const std::string& dir) {
   return g;
 }
 
-struct Run {
+struct RunResult {
   std::vector<float> prefill, decode, draft_logits, draft_conf;
   std::vector<int32_t> greedy, draft_ids;
   model::BlockDump dump;
@@ -64,11 +64,12 @@ struct Run {
 int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max_element(v, v + n) - v); }
 
 // The fixtures' stepping rule, with the prompt prefilled in chunks of `chunk` (0 = one shot).
-Run run_model(const std::string& dir, const Golden& g, int64_t chunk) {
+RunResult run_model(const std::string& dir, const Golden& g, int64_t chunk, bool corrected = false) {
   model::CpuModelOptions o;
+  o.corrected_index_keys = corrected;
   o.engram_token_map = dir + "/engram_token_map.safetensors";
   auto m = model::CpuModel::load(dir + "/model", o);
-  Run r;
+  RunResult r;
   auto st = m->new_sequence();
   st->prompt_len = g.S;
   const int64_t step = chunk > 0 ? chunk : g.S;
@@ -99,7 +100,7 @@ Run run_model(const std::string& dir, const Golden& g, int64_t chunk) {
 }
 
 // First block whose streams differ from golden by more than 3 % of the golden magnitude.
-std::string first_diverging_block(const Golden& g, const Run& r) {
+std::string first_diverging_block(const Golden& g, const RunResult& r) {
   for (size_t L = 0; L < r.dump.h.size(); ++L) {
     const TensorInfo* t = g.file->find("prefill_block" + std::to_string(L) + "_h");
     if (!t) break;
@@ -128,7 +129,7 @@ double worst_rel(const std::vector<float>& got, const std::vector<float>& ref, i
 void check_fixture(const std::string& name, int64_t chunk) {
   const std::string dir = std::string(DSV41_FIXTURES_DIR) + "/" + name;
   const Golden g = load_golden(dir);
-  const Run r = run_model(dir, g, chunk);
+  const RunResult r = run_model(dir, g, chunk);
   const std::string where = first_diverging_block(g, r);
   ASSERT_EQ(r.prefill.size(), g.prefill.size());
   EXPECT_EQ(r.dump.engram_hash_ids, g.hash_ids) << "Engram hash ids differ";
@@ -157,6 +158,19 @@ void check_fixture(const std::string& name, int64_t chunk) {
 TEST(GoldenTinyS0, OneShot) { check_fixture("tiny-s0", 0); }
 TEST(GoldenTinyS0, Chunks7) { check_fixture("tiny-s0", 7); }
 TEST(GoldenTinyS0, Chunks64) { check_fixture("tiny-s0", 64); }
+// The reference's decode-time index-key alias (MODEL.md §5.4) is the default; the corrected
+// reading leaves prefill untouched but changes decode (the golden decode follows the alias).
+TEST(GoldenTinyS0, DecodeIndexKeyAliasIsTheDefault) {
+  const std::string dir = std::string(DSV41_FIXTURES_DIR) + "/tiny-s0";
+  const Golden g = load_golden(dir);
+  const RunResult corrected = run_model(dir, g, 0, true);
+  const RunResult alias = run_model(dir, g, 0, false);
+  EXPECT_EQ(corrected.prefill, alias.prefill);
+  EXPECT_EQ(alias.greedy, g.greedy);
+  EXPECT_NE(corrected.greedy, g.greedy);
+  EXPECT_GT(worst_rel(corrected.decode, g.decode, g.V), 0.05);
+}
+
 TEST(GoldenTinyLong, OneShot) { check_fixture("tiny-long", 0); }
 TEST(GoldenTinyLong, Chunks7) { check_fixture("tiny-long", 7); }
 TEST(GoldenTinyLong, Chunks64) { check_fixture("tiny-long", 64); }

@@ -178,3 +178,18 @@ TEST(Socket, OversizedBodySlowLorisAndGarbageLeaveTheServerHealthy) {
   EXPECT_EQ(test_support::http_request(port, "GET", "/health").status, 200);
   EXPECT_EQ(test_support::http_request(port, "POST", "/v1/completions", R"({"prompt":[1,2],"max_tokens":2})").status, 200);
 }
+
+TEST(Socket, NonStreamingClientThatHangsUpIsCancelled) {
+  ServedRuleModel s({}, {}, true);
+  s.model->step_delay_ms = 10;
+  {
+    test_support::Socket sock(s.http->port());
+    ASSERT_TRUE(sock.send_all(test_support::build_request("POST", "/v1/completions", R"({"prompt":[5,6,7],"max_tokens":100})")));
+    const auto t0 = std::chrono::steady_clock::now();
+    while (s.model->live() == 0 && std::chrono::steady_clock::now() - t0 < 2s) std::this_thread::sleep_for(1ms);
+    ASSERT_EQ(s.model->live(), 1);
+  }  // closed before the answer: 100 tokens would take about a second
+  EXPECT_TRUE(wait_idle(s, 500ms));
+  EXPECT_LT(s.sched->stats().generation_tokens_total, 60);
+  EXPECT_EQ(s.sched->stats().finished_abort, 1);
+}

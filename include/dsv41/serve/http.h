@@ -17,6 +17,8 @@ struct HttpRequest {
   std::string path;    // without the query string
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
+  // True once the client has closed its connection (set by the socket server; absent in-process).
+  std::function<bool()> client_gone;
   // Header value by case-insensitive name; "" when absent.
   std::string header(std::string_view name) const;
 };

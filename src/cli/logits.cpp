@@ -23,6 +23,8 @@ struct LogitsOptions {
   std::string model_dir, prompt_ids, engram_token_map, out, device = "cpu", compare;
   int64_t decode = 0, prefill_chunk = 0;
   bool dspark = false, dump_blocks = false, corrected_index_keys = false;
+  std::string engram_dir, engram_packed;  // Engram row storage (docs/ENGRAM.md)
+  double engram_cache_gib = 0.0;
 };
 
 std::vector<int32_t> read_prompt_ids(const std::string& path) {
@@ -86,6 +88,9 @@ int run_logits(const LogitsOptions& o) {
   const std::vector<int32_t> prompt = read_prompt_ids(o.prompt_ids);
   model::CpuModelOptions mo;
   mo.engram_token_map = o.engram_token_map;
+  mo.engram_storage.engram_dir = o.engram_dir;
+  mo.engram_storage.engram_packed = o.engram_packed;
+  mo.engram_storage.cache_gib = o.engram_cache_gib;
   mo.dspark = o.dspark;
   mo.corrected_index_keys = o.corrected_index_keys;
   auto m = model::CpuModel::load(o.model_dir, mo);
@@ -178,6 +183,9 @@ Command add_logits(CLI::App& root) {
   app->add_option("--decode", o->decode, "Greedy decode steps after the prompt")->required();
   app->add_flag("--dspark", o->dspark, "Run the DSpark draft block after every decode step");
   app->add_option("--engram-token-map", o->engram_token_map, "safetensors file with an int32 token_map");
+  app->add_option("--engram-dir", o->engram_dir, "Folder with the index and the shards holding the Engram tables");
+  app->add_option("--engram-packed", o->engram_packed, "Folder with Engram rows packed by pack-engram");
+  app->add_option("--engram-cache-gib", o->engram_cache_gib, "Engram row cache size in GiB");
   app->add_option("--device", o->device, "Device (cpu)")->capture_default_str();
   app->add_option("--prefill-chunk", o->prefill_chunk, "Prefill the prompt in chunks of this many tokens");
   app->add_option("--out", o->out, "Output safetensors file")->required();

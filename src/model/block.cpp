@@ -110,19 +110,15 @@ void CpuModel::Impl::moe(const MoeWeights& w, const float* x, int64_t n, float* 
   for (int64_t i = 0; i < n * dim; ++i) out[i] = bf16_round(y[i] + sh[i]);
 }
 
-void CpuModel::Impl::engram(const EngramWeights& w, const int64_t* hash_rows, float* h, int64_t n) const {
+void CpuModel::Impl::engram(const EngramWeights& w, const int64_t* hash_rows, const engram::EngramFetch& rows_fetch,
+                            float* h, int64_t n) const {
   const ModelConfig& c = cfg;
   const int64_t cols = c.n_engram_columns(), hdim = c.engram_head_dim, dim = c.hidden_size, hc = c.hc_mult;
-  const int64_t in = cols * hdim, nsb = (hdim + 31) / 32;
+  const int64_t in = cols * hdim;
   std::vector<float> rows(static_cast<size_t>(n * in)), kv(static_cast<size_t>(n * (hc + 1) * dim));
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t col = 0; col < cols; ++col) {
-      const int64_t r = hash_rows[t * cols + col];
-      DSV_ASSERT(r >= 0 && r < w.table->shape[0], "engram row {} out of range", r);
-      for (int64_t d = 0; d < hdim; ++d)
-        rows[t * in + col * hdim + d] = bf16_round(e4m3_to_f32(w.table->data[r * hdim + d]) *
-                                                   e8m0_to_f32(w.table_scale->data[r * nsb + d / 32]));
-    }
+  // [n][cols] ids -> [n][cols][hdim] = [n][in]: bf16(e4m3 · 2^(scale−127)) (MODEL.md §5.3). Waits for
+  // the prefetch; an I/O error surfaces here as dsv41::Error for this forward only.
+  rows_fetch.dequant_rows(std::span<const int64_t>(hash_rows, static_cast<size_t>(n * cols)), rows.data());
   linear_bf16(*w.wkv, rows.data(), n, kv.data());
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(dim), -0.5));

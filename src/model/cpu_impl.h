@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dsv41/config/model_config.h"
+#include "dsv41/engram/row_store.h"
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/model/cpu_model.h"
 #include "dsv41/model/linear.h"
@@ -49,8 +50,6 @@ struct MoeWeights {
 
 struct EngramWeights {
   int64_t hash_index = 0;  // position in engram_layer_ids
-  const TensorInfo* table = nullptr;  // F8_E4M3 [rows][head_dim]
-  const TensorInfo* table_scale = nullptr;  // E8M0 [rows][head_dim/32]
   std::unique_ptr<Linear> wkv;  // [(hc+1)·dim][n_cols·head_dim]
   std::vector<float> gate_w;    // fp32(q_weight)·fp32(k_weight) [hc][dim]
 };
@@ -114,6 +113,7 @@ struct CpuModel::Impl {
   std::vector<EngramLayerHash> engram_hash;
   std::vector<int32_t> token_map;
   int64_t engram_pad = 0;
+  std::shared_ptr<engram::EngramStore> engram_store;  // table rows (src/engram)
 
   void load(const std::string& dir);
   void load_block(BlockWeights& b, const std::string& prefix, int64_t layer, bool dspark);
@@ -134,8 +134,10 @@ struct CpuModel::Impl {
   void dspark_attention(const BlockWeights& b, int64_t stage, const CpuSeqState& st, const float* x, int64_t n,
                         int64_t anchor_pos, float* out) const;
   void moe(const MoeWeights& w, const float* x, int64_t n, float* out) const;
-  // h: [n][hc][dim] streams, updated in place; hash_rows: [n][n_cols] table rows of this layer.
-  void engram(const EngramWeights& w, const int64_t* hash_rows, float* h, int64_t n) const;
+  // h: [n][hc][dim] streams, updated in place; hash_rows: [n][n_cols] table rows of this layer;
+  // rows_fetch: the prefetch holding them (EngramStore::prefetch, issued before layer 0).
+  void engram(const EngramWeights& w, const int64_t* hash_rows, const engram::EngramFetch& rows_fetch, float* h,
+              int64_t n) const;
   void head_logits(const float* x, int64_t n, float* logits) const;
   void update_dspark_rings(CpuSeqState& st, const float* taps, int64_t n, int64_t start) const;
 };

@@ -97,17 +97,7 @@ void CpuModel::Impl::load_block(BlockWeights& b, const std::string& prefix, int6
     auto e = std::make_unique<EngramWeights>();
     const std::string ep = prefix + ".engram";
     e->hash_index = c.engram_index(layer);
-    const int64_t rows = c.engram_num_embeddings.at(static_cast<size_t>(e->hash_index));
     const int64_t hdim = c.engram_head_dim;
-    e->table = &ck.get(ep + ".embed.weight");
-    e->table_scale = &ck.get(ep + ".embed.scale");
-    DSV_CHECK(e->table->dtype == DType::F8_E4M3 && e->table->shape == std::vector<int64_t>({rows, hdim}),
-              "tensor {}: expected F8_E4M3 [{}, {}], got {} {}", e->table->name, rows, hdim,
-              dtype_name(e->table->dtype), e->table->shape_str());
-    DSV_CHECK(e->table_scale->dtype == DType::F8_E8M0 &&
-                  e->table_scale->shape == std::vector<int64_t>({rows, (hdim + 31) / 32}),
-              "tensor {}: expected F8_E8M0 [{}, {}], got {} {}", e->table_scale->name, rows, (hdim + 31) / 32,
-              dtype_name(e->table_scale->dtype), e->table_scale->shape_str());
     e->wkv = load_linear(ck, ep + ".wkv", c.n_engram_columns() * hdim, dim * (c.hc_mult + 1));
     const auto q = load_f32(ck, ep + ".q_weight", {c.hc_mult, dim});
     const auto k = load_f32(ck, ep + ".k_weight", {c.hc_mult, dim});
@@ -141,6 +131,13 @@ void CpuModel::Impl::load(const std::string& dir) {
     load_block(blocks[static_cast<size_t>(l)], "layers." + std::to_string(l), l, false);
 
   engram_hash = build_engram_hashes(c);
+  // Table rows: a store handed in by the caller, else one opened from the storage options
+  // (packed files > --engram-dir > the tables inside this checkpoint).
+  engram_store = opts.engram_store ? opts.engram_store : engram::open_engram_store(c, ckpt.get(), opts.engram_storage);
+  if (engram_store)
+    DSV_CHECK(engram_store->geometry().fingerprint() == engram::EngramGeometry::from_config(c).fingerprint(),
+              "engram store geometry '{}' does not match this config ('{}')", engram_store->geometry().fingerprint(),
+              engram::EngramGeometry::from_config(c).fingerprint());
   if (!c.engram_layer_ids.empty()) {
     DSV_CHECK(!opts.engram_token_map.empty(),
               "this model has Engram layers: pass the token map with --engram-token-map FILE");

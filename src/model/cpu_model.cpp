@@ -120,6 +120,16 @@ void CpuModel::Impl::forward(CpuSeqState& st, const int32_t* tokens, int64_t n, 
     }
   }
 
+  // ---- Engram rows: start every Engram layer's reads now, they overlap the layers before it ----
+  std::vector<std::vector<int64_t>> engram_rows(static_cast<size_t>(n_eng));
+  std::vector<std::shared_ptr<engram::EngramFetch>> engram_fetch(static_cast<size_t>(n_eng));
+  for (int64_t e = 0; e < n_eng; ++e) {
+    auto& r = engram_rows[static_cast<size_t>(e)];
+    r.resize(static_cast<size_t>(n * cols));
+    for (int64_t t = 0; t < n; ++t) std::copy_n(&hash_ids[(t * n_eng + e) * cols], cols, &r[t * cols]);
+    engram_fetch[static_cast<size_t>(e)] = engram_store->prefetch(e, r);
+  }
+
   // ---- embedding into hc streams ----
   std::vector<float> h(static_cast<size_t>(n * hc * dim)), pre(static_cast<size_t>(n * hc), 0.0f);
   for (int64_t t = 0; t < n; ++t) {
@@ -140,10 +150,8 @@ void CpuModel::Impl::forward(CpuSeqState& st, const int32_t* tokens, int64_t n, 
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     const BlockWeights& b = blocks[static_cast<size_t>(L)];
     if (b.engram) {
-      std::vector<int64_t> rows(static_cast<size_t>(n * cols));
-      for (int64_t t = 0; t < n; ++t)
-        std::copy_n(&hash_ids[(t * n_eng + b.engram->hash_index) * cols], cols, &rows[t * cols]);
-      engram(*b.engram, rows.data(), h.data(), n);
+      const auto e = static_cast<size_t>(b.engram->hash_index);
+      engram(*b.engram, engram_rows[e].data(), *engram_fetch[e], h.data(), n);
     }
     if (want_taps) {
       for (int64_t ti = 0; ti < nt; ++ti) {

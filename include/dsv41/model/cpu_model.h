@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "dsv41/engram/open.h"
 #include "dsv41/model/model.h"
 
 namespace dsv41::model {
@@ -25,6 +26,10 @@ struct CpuModelOptions {
   // File holding an int32 `token_map` (token id -> Engram compressed id). Required when the
   // config has Engram layers.
   std::string engram_token_map;
+  // Where Engram table rows come from (--engram-dir / --engram-packed / --engram-cache-gib, and the
+  // tensor-parallel rank). engram_store, when set, is used as is (shared between models/ranks).
+  engram::EngramStorageOptions engram_storage;
+  std::shared_ptr<engram::EngramStore> engram_store;
   // Load the mtp.* DSpark stages (and keep their window rings in every sequence).
   bool dspark = true;
   // false (default): the reference's decode-time index-key alias (MODEL.md §5.4 "decode quirk");

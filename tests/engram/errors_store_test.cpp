@@ -10,6 +10,7 @@
 #include "dsv41/engram/row_source.h"
 #include "dsv41/engram/row_store.h"
 #include "split_fixture.h"
+#include "../support/run_cli.h"
 
 namespace dsv41::engram {
 namespace {
@@ -213,23 +214,8 @@ TEST_F(EngramErrorsAndStore, PrefetchRejectsRowsOutsideTheTableOrThePack) {
 
 // ---- command line ----
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out;
-};
-
-CliResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(DSV41_BINARY) + " " + args + " 2>&1";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using ::dsv41::test::CliResult;
+CliResult run_cli(const std::string& args) { return ::dsv41::test::run_cli(args, ::dsv41::test::Stderr::kMerge); }
 
 TEST_F(EngramErrorsAndStore, PackEngramCommandLine) {
   const std::string out = tmp.sub("cli");

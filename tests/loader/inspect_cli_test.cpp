@@ -7,6 +7,7 @@
 #include <string>
 
 #include "loader_test_util.h"
+#include "../support/run_cli.h"
 
 namespace dsv41 {
 namespace {
@@ -15,23 +16,8 @@ using json = nlohmann::json;
 using test::RawFile;
 using test::TempDir;
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out;
-};
-
-CliResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(DSV41_BINARY) + " " + args + " 2>/dev/null";
-  CliResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using ::dsv41::test::CliResult;
+using ::dsv41::test::run_cli;
 
 TEST(InspectCli, JsonOnTheTinyFixture) {
   TempDir dir;

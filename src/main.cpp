@@ -10,6 +10,7 @@
 #include "cli/serve_options.h"
 #include "dsv41/common/error.h"
 #include "dsv41/common/log.h"
+#include "dsv41/config/env_file.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"dsv41-serve: DeepSeek-V4.1-Flash inference server (OpenAI-compatible API)", "dsv41-serve"};
@@ -28,7 +29,12 @@ int main(int argc, char** argv) {
   }
 
   try {
+    // --config FILE fills every option not given on the command line (flags win), then logging
+    // starts so that a DSV41_LOG_LEVEL from the file takes effect.
+    dsv41::config::EnvApplyResult from_file;
+    if (!serve.config_file.empty()) from_file = dsv41::config::apply_env_file(app, serve.config_file);
     dsv41::setup_logging(serve.log_level, serve.rank);
+    if (!serve.config_file.empty()) dsv41::config::log_env_apply_result(serve.config_file, from_file);
     for (auto& c : commands)
       if (c.app->parsed()) return c.run();
     return dsv41::cli::run_serve(serve);

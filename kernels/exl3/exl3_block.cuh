@@ -1,6 +1,6 @@
-// Block-level EXL3 matmul building blocks shared by the linear (exl3_gemm) and grouped MoE
-// (exl3_moe) kernels. A block of 256 threads (8 warps) owns one group of 128 output columns
-// (8 tiles of 16) and a contiguous range of k-tiles, and leaves the partial product
+// Block-level EXL3 matmul building blocks of the large-m linear kernel (exl3_gemm) and the
+// grouped MoE kernels (exl3_moe). A block of 256 threads (8 warps) owns one group of 128 output
+// columns (8 tiles of 16) and a contiguous range of k-tiles, and leaves the partial product
 // sum_k x_had[t][k] * W_hat[k][c] (before the output Hadamard) in shared memory.
 //
 // Orientation: the mma computes D (16 output columns x 8 rows of x) = W_hat_tile^T · x^T, so a
@@ -39,12 +39,13 @@ __host__ __device__ constexpr int ring_bytes(int K) { return kWarps * ring_group
 __host__ __device__ constexpr int small_x_bytes(bool int8, int rows) {
   return int8 ? (rows / 16) * 32 * 16 : 8 * (rows + 8) * 2;
 }
-__host__ __device__ constexpr int small_h_bytes(bool int8, int rows) { return int8 ? 4 * rows * 4 : 0; }
 constexpr int kRedBytes = 8 * 128 * 4;
 constexpr int kStatBytes = 64;
 __host__ __device__ constexpr int small_smem_bytes(int K, bool int8, int rows) {
-  return ring_bytes(K) + small_x_bytes(int8, rows) + small_h_bytes(int8, rows) + kRedBytes + kStatBytes;
+  return ring_bytes(K) + small_x_bytes(int8, rows) + kRedBytes + kStatBytes;
 }
+// Scratch of the x staging kernels (stage_x, int8): [4][rows] fp32.
+__host__ __device__ constexpr int stage_h_bytes(bool int8, int rows) { return int8 ? 4 * rows * 4 : 0; }
 // Large-m block: trellis ring + two x buffers [64][136] fp16 (the reduction aliases them).
 constexpr int kLargeXStride = 136;
 __host__ __device__ constexpr int large_smem_bytes(int K) { return ring_bytes(K) + 2 * 64 * kLargeXStride * 2; }
@@ -103,10 +104,7 @@ struct ColumnStream {
   }
 };
 
-// ---- small m (<= 8 rows; <= 4 on the int8 path) --------------------------------------------
-// Warp w streams column tile w of the group over the block's k range; x is staged once per block
-// in the B-fragment format of the path. Returns red[8][128] in shared memory (the int8 path
-// fills rows 0..3).
+// ---- small m (<= 8 rows; <= 4 on the int8 path), used by the MoE kernels ------------------
 // Stages x_had for k-tiles [kt0, kt1) in the B-fragment format of the path: int8 fragments
 // [k-tile][lane] uint4 (+ per-token amax and level sums in stat_*), or fp16 rows [8][xstride].
 // `xout` may be shared or global memory; hbuf (int8) is shared scratch [4][rows].
@@ -196,17 +194,19 @@ __device__ void stage_x(const XSource& xs, int kt0, int kt1, unsigned char* xout
   __syncthreads();
 }
 
-// `xpre`/`xstats` (optional): the whole x staged once by stage_kernel (fragments [k/16][32] uint4
-// or fp16 rows [8][k]) and this block's int8 statistics {amax bits, sum hi, sum lo} per token.
+// Warp w streams column tile w of the group over k-tiles [kt0, kt1); x comes pre-staged by a
+// staging kernel (stage_x): `xpre` is the whole x as int8 fragments [k/16][32] uint4 or fp16 rows
+// [8][k], `xstats` this block's int8 statistics {amax bits, sum hi, sum lo} per token. The
+// trellis prefetch starts before the programmatic-launch wait for the staging kernel.
+// Returns red[8][128] in shared memory (the int8 path fills rows 0..3).
 template <int K, int CB, bool INT8>
-__device__ float* small_block(const cuda::Exl3Matrix& w, const XSource& xs, int ng, int kt0, int kt1,
-                              unsigned char* smem, const void* xpre = nullptr, const int4* xstats = nullptr) {
+__device__ float* small_block(const cuda::Exl3Matrix& w, int ng, int kt0, int kt1, unsigned char* smem,
+                              const void* xpre, const int4* xstats) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int rows = (kt1 - kt0) * 16;
   const int nkt = kt1 - kt0;
   unsigned char* xbuf = smem + ring_bytes(K);
-  float* hbuf = reinterpret_cast<float*>(xbuf + small_x_bytes(INT8, rows));
-  float* red = reinterpret_cast<float*>(xbuf + small_x_bytes(INT8, rows) + small_h_bytes(INT8, rows));
+  float* red = reinterpret_cast<float*>(xbuf + small_x_bytes(INT8, rows));
   uint32_t* stat_amax = reinterpret_cast<uint32_t*>(red + 8 * 128);
   int* stat_hi = reinterpret_cast<int*>(stat_amax + 4);
   int* stat_lo = stat_hi + 4;
@@ -216,34 +216,28 @@ __device__ float* small_block(const cuda::Exl3Matrix& w, const XSource& xs, int 
   ColumnStream<K> cs{reinterpret_cast<uint32_t*>(smem) + warp * ColumnStream<K>::NG * kGroup * TW,
                      w.trellis + (static_cast<size_t>(kt0) * ntn + ng * 8 + warp) * 16 * K,
                      static_cast<size_t>(ntn) * 16 * K, nkt / kGroup, lane};
-
-  // ---- x_had for this block's k range: copied from the staging kernel's output, or staged here ----
-  if (xpre) {
-    if constexpr (INT8) {
-      const uint4* src = reinterpret_cast<const uint4*>(xpre) + static_cast<size_t>(kt0) * 32;
-      for (int c = tid; c < nkt * 32; c += kThreads) cp_async16(reinterpret_cast<uint4*>(xbuf) + c, src + c);
-      if (tid < 4) {
-        const int4 st = xstats[tid];
-        stat_amax[tid] = static_cast<uint32_t>(st.x);
-        stat_hi[tid] = st.y;
-        stat_lo[tid] = st.z;
-      }
-    } else {
-      const __half* src = reinterpret_cast<const __half*>(xpre) + static_cast<size_t>(kt0) * 16;
-      const int cpr = rows / 8;  // 16-byte chunks per row
-      for (int c = tid; c < 8 * cpr; c += kThreads) {
-        const int t = c / cpr, q = c % cpr;
-        cp_async16(reinterpret_cast<__half*>(xbuf) + t * (rows + 8) + q * 8, src + static_cast<size_t>(t) * w.k + q * 8);
-      }
+  cs.start();
+  griddep_wait();
+  griddep_launch_dependents();
+  if constexpr (INT8) {
+    const uint4* src = reinterpret_cast<const uint4*>(xpre) + static_cast<size_t>(kt0) * 32;
+    for (int c = tid; c < nkt * 32; c += kThreads) reinterpret_cast<uint4*>(xbuf)[c] = __ldcg(src + c);
+    if (tid < 4) {
+      const int4 st = __ldcg(xstats + tid);
+      stat_amax[tid] = static_cast<uint32_t>(st.x);
+      stat_hi[tid] = st.y;
+      stat_lo[tid] = st.z;
     }
-    cp_async_commit();
-    cs.start();
-    cp_async_wait<ColumnStream<K>::NG - 1>();  // the x group is the oldest
-    __syncthreads();
   } else {
-    cs.start();
-    stage_x<INT8>(xs, kt0, kt1, xbuf, rows + 8, hbuf, stat_amax, stat_hi, stat_lo);
+    const __half* src = reinterpret_cast<const __half*>(xpre) + static_cast<size_t>(kt0) * 16;
+    const int cpr = rows / 8;  // 16-byte chunks per row
+    for (int c = tid; c < 8 * cpr; c += kThreads) {
+      const int t = c / cpr, q = c % cpr;
+      *reinterpret_cast<uint4*>(reinterpret_cast<__half*>(xbuf) + t * (rows + 8) + q * 8) =
+          __ldcg(reinterpret_cast<const uint4*>(src + static_cast<size_t>(t) * w.k + q * 8));
+    }
   }
+  __syncthreads();
 
   int idx[3], off;
   lane_window<K>(lane, idx, off);

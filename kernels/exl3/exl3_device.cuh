@@ -178,6 +178,21 @@ __device__ __forceinline__ void hadamard128(float (&v)[4]) {
   }
 }
 
+// ---- programmatic dependent launch ----------------------------------------------------------
+// wait: blocks until the previous kernel of the stream has completed and its writes are visible;
+// launch_dependents: lets the next kernel (launched with programmatic stream serialisation) start.
+// Both are no-ops on a plain launch.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // ---- activation loads ----------------------------------------------------------------------
 // dtype codes match ActType in exl3_gemm.h: 0 = fp16, 1 = bf16, 2 = fp32.
 __device__ __forceinline__ float load_act(const void* p, int dtype, int64_t i) {

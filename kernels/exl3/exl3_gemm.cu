@@ -1,6 +1,11 @@
 // Host launcher of the EXL3 linear kernels (planning and validation: src/ops/exl3_gpu.cpp).
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "exl3/exl3_gemm.h"
 #include "exl3/exl3_gemm_inst.cuh"
+#include "exl3/exl3_launch.h"
 
 namespace dsv41::exl3::dev {
 
@@ -18,21 +23,81 @@ __global__ void __launch_bounds__(kThreads) input_transform_kernel(const XSource
   dst[1] = __floats2half2_rn(v[2], v[3]);
 }
 
-// Stages x once per k-split for the small paths (instead of once per block): int8 fragments
-// [k/16][32] uint4 with per-split statistics, or fp16 rows [8][k]. One block per split.
-template <bool INT8>
-__global__ void __launch_bounds__(kThreads) stage_kernel(const XSource xs, int k, int kt_per_split, void* out,
-                                                         int4* stats) {
-  extern __shared__ __align__(16) unsigned char smem[];  // int8: hbuf [4][rows] fp32
-  __shared__ uint32_t s_amax[4];
-  __shared__ int s_hi[4], s_lo[4];
-  const int split = blockIdx.x;
-  const int kt0 = split * kt_per_split, kt1 = min(k / 16, kt0 + kt_per_split);
-  unsigned char* xout = INT8 ? reinterpret_cast<unsigned char*>(static_cast<uint4*>(out) + static_cast<size_t>(kt0) * 32)
-                             : reinterpret_cast<unsigned char*>(static_cast<__half*>(out) + static_cast<size_t>(kt0) * 16);
-  stage_x<INT8>(xs, kt0, kt1, xout, k, reinterpret_cast<float*>(smem), s_amax, s_hi, s_lo);
-  if (INT8 && threadIdx.x < 4)
-    stats[split * 4 + threadIdx.x] = make_int4(static_cast<int>(s_amax[threadIdx.x]), s_hi[threadIdx.x], s_lo[threadIdx.x], 0);
+// ---- x staging -----------------------------------------------------------------------------
+// Position o (0..15) inside a k-tile -> (lane group tig, fragment register i) of the B operand:
+// register i of lane (g, tig) holds k-offset 2*tig + {0, 8, 1, 9}[i] (int8, m16n8k32 with one
+// weight per 4 k-slots) or halves {2*tig, 2*tig+1} / {2*tig+8, 2*tig+9} (f16, m16n8k16).
+__device__ __forceinline__ void frag_slot(int o, int& tig, int& i) {
+  tig = (o & 7) >> 1;
+  i = (o >= 8 ? 1 : 0) + ((o & 1) ? 2 : 0);
+}
+
+// One warp per (token r < 4, 128-row chunk): x_had (suh, Hadamard) quantised to two int8 levels
+// hi + lo/254 relative to the chunk's amax/127, written as splatted B fragments
+// [k/16][32 lanes] uint4 (lane 4*(2r + level) + tig); tokens >= m get zeros. qstats[chunk][r] =
+// {kMul1Inv * s, kMul1Off * s * (sum hi + sum lo / 254)} with s = amax / 127.
+__global__ void __launch_bounds__(kThreads) stage_int8_kernel(const XSource xs, int k, uint32_t* frag,
+                                                             float2* qstats) {
+  griddep_wait();
+  griddep_launch_dependents();
+  const int lane = threadIdx.x & 31;
+  const int item = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int nchunks = k / 128;
+  if (item >= 4 * nchunks) return;
+  const int chunk = item >> 2, r = item & 3;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (r < xs.m) load4(xs, r, static_cast<int64_t>(chunk) * 128 + 4 * lane, v);
+  float mx = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+  const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+  int sum_hi = 0, sum_lo = 0;
+  const int kt = chunk * 8 + (lane >> 2);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float a = v[e] * inv;
+    const float hi = fminf(fmaxf(rintf(a), -127.0f), 127.0f);
+    const float lo = fminf(fmaxf(rintf((a - hi) * 254.0f), -127.0f), 127.0f);
+    const int hv = static_cast<int>(hi), lv = static_cast<int>(lo);
+    sum_hi += hv;
+    sum_lo += lv;
+    int tig, i;
+    frag_slot(4 * (lane & 3) + e, tig, i);
+    uint32_t* base = frag + static_cast<size_t>(kt) * 128;  // 32 lanes x 4 words
+    base[(4 * (2 * r) + tig) * 4 + i] = (static_cast<uint32_t>(hv) & 0xFFu) * 0x01010101u;
+    base[(4 * (2 * r + 1) + tig) * 4 + i] = (static_cast<uint32_t>(lv) & 0xFFu) * 0x01010101u;
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    sum_hi += __shfl_xor_sync(0xFFFFFFFFu, sum_hi, o);
+    sum_lo += __shfl_xor_sync(0xFFFFFFFFu, sum_lo, o);
+  }
+  if (lane == 0) {
+    const float s = mx / 127.0f;
+    qstats[chunk * 4 + r] =
+        make_float2(kMul1Inv * s, kMul1Off * s * (static_cast<float>(sum_hi) + static_cast<float>(sum_lo) / 254.0f));
+  }
+}
+
+// One warp per (token r < 8, 128-row chunk): x_had in fp16 as B fragments [k/16][32] uint2
+// (lane 4*r + tig); tokens >= m get zeros.
+__global__ void __launch_bounds__(kThreads) stage_f16_kernel(const XSource xs, int k, __half* frag) {
+  griddep_wait();
+  griddep_launch_dependents();
+  const int lane = threadIdx.x & 31;
+  const int item = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int nchunks = k / 128;
+  if (item >= 8 * nchunks) return;
+  const int chunk = item >> 3, r = item & 7;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (r < xs.m) load4(xs, r, static_cast<int64_t>(chunk) * 128 + 4 * lane, v);
+  const int kt = chunk * 8 + (lane >> 2);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int o = 4 * (lane & 3) + e;
+    const int tig = (o & 7) >> 1, word = o >> 3, half = o & 1;
+    frag[(static_cast<size_t>(kt) * 32 + 4 * r + tig) * 4 + word * 2 + half] = __float2half_rn(v[e]);
+  }
 }
 
 template <int K, int CB>
@@ -66,9 +131,10 @@ namespace dsv41::exl3::cuda {
 namespace {
 
 using dev::GemmKernelFn;
+using dev::StreamKernelFn;
 
 struct Tables {
-  GemmKernelFn t[8][3][3];
+  dev::KernelTable t[8];
   Tables() {
     dev::gemm_table_k1(t[0]);
     dev::gemm_table_k2(t[1]);
@@ -86,101 +152,127 @@ const Tables& tables() {
   return t;
 }
 
-int path_code(GemmPath p) {
-  switch (p) {
-    case GemmPath::F16: return dev::kPathF16;
-    case GemmPath::Int8: return dev::kPathInt8;
-    default: return dev::kPathLarge;
-  }
+StreamKernelFn stream_fn(const Exl3Matrix& w, GemmPath path) {
+  const dev::KernelTable& t = tables().t[w.bits - 1];
+  if (path == GemmPath::Int8) return w.codebook == 2 ? t.int8 : nullptr;
+  return t.f16[w.codebook];
 }
 
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
+size_t xfrag_bytes(const Exl3Matrix& w, GemmPath path) {
+  return path == GemmPath::Int8 ? static_cast<size_t>(w.k) * 32 : static_cast<size_t>(w.k) * 16;
+}
+
 }  // namespace
 
-size_t gemm_smem_bytes(const Exl3Matrix& w, GemmPath path, int rows_per_block) {
+size_t gemm_smem_bytes(const Exl3Matrix& w, GemmPath path) {
   if (path == GemmPath::Large) return dev::large_smem_bytes(w.bits);
-  return dev::small_smem_bytes(w.bits, path == GemmPath::Int8, rows_per_block);
+  return dev::stream_smem_bytes(w.bits, path == GemmPath::Int8);
+}
+
+int stream_blocks_per_sm(const Exl3Matrix& w, GemmPath path) {
+  StreamKernelFn fn = stream_fn(w, path);
+  if (!fn) return 0;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  // The planner asks on every call: cache per (kernel, device).
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> cache;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(fn), device);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  const size_t smem = dev::stream_smem_bytes(w.bits, path == GemmPath::Int8);
+  if (raise_smem_once(fn, smem) != cudaSuccess) return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, dev::kThreads, smem) != cudaSuccess) return 0;
+  std::lock_guard<std::mutex> lock(mu);
+  cache[key] = blocks;
+  return blocks;
 }
 
 size_t gemm_workspace_bytes(const Exl3Matrix& w, int64_t m, const GemmPlan& plan) {
   size_t bytes = kCounterBytes;
-  const int tokb = plan.path == GemmPath::Large ? kLargeRows : (plan.path == GemmPath::Int8 ? 4 : 8);
-  const size_t m_pad = static_cast<size_t>(plan.m_blocks) * tokb;
-  if (plan.path == GemmPath::Large) bytes += align256(static_cast<size_t>(m) * w.k * 2);
-  if (plan.path == GemmPath::Int8) bytes += align256(static_cast<size_t>(w.k) * 32) + align256(plan.splits * 64);
-  if (plan.path == GemmPath::F16) bytes += align256(static_cast<size_t>(8) * w.k * 2);
-  if (plan.splits > 1) bytes += align256(static_cast<size_t>(plan.splits) * m_pad * w.n * 4);
+  if (plan.path == GemmPath::Large) {
+    const size_t m_pad = static_cast<size_t>(plan.m_blocks) * kLargeRows;
+    bytes += align256(static_cast<size_t>(m) * w.k * 2);
+    if (plan.splits > 1) bytes += align256(static_cast<size_t>(plan.splits) * m_pad * w.n * 4);
+    return bytes;
+  }
+  bytes += align256(xfrag_bytes(w, plan.path));
+  if (plan.path == GemmPath::Int8) bytes += align256(static_cast<size_t>(w.k / 128) * 4 * 8);
+  bytes += align256(static_cast<size_t>(plan.grid) * 2 * 8 * 128 * 4);
   return bytes;
 }
 
 cudaError_t launch_gemm(const GemmParams& p, const GemmPlan& plan, cudaStream_t stream) {
-  const int path = path_code(plan.path);
-  GemmKernelFn fn = tables().t[p.w.bits - 1][path][p.w.codebook];
-  if (!fn) return cudaErrorInvalidValue;
-  const int tokb = plan.path == GemmPath::Large ? kLargeRows : (plan.path == GemmPath::Int8 ? 4 : 8);
+  const dev::XSource xs{p.x, static_cast<int>(p.x_type), 0, static_cast<int>(p.m), p.x_stride, p.x_cols, p.w.suh};
+  unsigned char* ws = static_cast<unsigned char*>(p.workspace);
+  int* counters = reinterpret_cast<int*>(ws);
+  size_t off = kCounterBytes;
 
+  if (plan.path != GemmPath::Large) {
+    StreamKernelFn fn = stream_fn(p.w, plan.path);
+    if (!fn) return cudaErrorInvalidValue;
+    dev::StreamArgs a{};
+    a.w = p.w;
+    a.xfrag = ws + off;
+    off += align256(xfrag_bytes(p.w, plan.path));
+    if (plan.path == GemmPath::Int8) {
+      a.qstats = reinterpret_cast<const float2*>(ws + off);
+      off += align256(static_cast<size_t>(p.w.k / 128) * 4 * 8);
+    }
+    a.part = reinterpret_cast<float*>(ws + off);
+    a.counters = counters;
+    a.y = p.y;
+    a.y_type = static_cast<int>(p.y_type);
+    a.y_cols = p.y_cols;
+    a.y_stride = p.y_stride;
+    a.m = static_cast<int>(p.m);
+    a.units_per_group = p.w.k / 128;
+    const size_t smem = dev::stream_smem_bytes(p.w.bits, plan.path == GemmPath::Int8);
+    cudaError_t e = raise_smem_once(fn, smem);
+    if (e != cudaSuccess) return e;
+    const int nchunks = p.w.k / 128;
+    if (plan.path == GemmPath::Int8) {
+      const unsigned blocks = static_cast<unsigned>((4 * nchunks + dev::kWarps - 1) / dev::kWarps);
+      e = launch_pdl(dev::stage_int8_kernel, dim3(blocks), dev::kThreads, 0, stream, xs, p.w.k,
+                     static_cast<uint32_t*>(const_cast<void*>(a.xfrag)), const_cast<float2*>(a.qstats));
+    } else {
+      const unsigned blocks = static_cast<unsigned>((8 * nchunks + dev::kWarps - 1) / dev::kWarps);
+      e = launch_pdl(dev::stage_f16_kernel, dim3(blocks), dev::kThreads, 0, stream, xs, p.w.k,
+                     static_cast<__half*>(const_cast<void*>(a.xfrag)));
+    }
+    if (e != cudaSuccess) return e;
+    return launch_pdl(fn, dim3(plan.grid), dev::kThreads, smem, stream, a);
+  }
+
+  GemmKernelFn fn = tables().t[p.w.bits - 1].large[p.w.codebook];
   dev::GemmArgs a{};
   a.w = p.w;
-  a.xs = dev::XSource{p.x, static_cast<int>(p.x_type), 0, static_cast<int>(p.m), p.x_stride, p.x_cols,
-                      p.w.suh};
   a.y = p.y;
   a.y_type = static_cast<int>(p.y_type);
   a.y_cols = p.y_cols;
   a.y_stride = p.y_stride;
   a.m = static_cast<int>(p.m);
-  a.m_pad = plan.m_blocks * tokb;
+  a.m_pad = plan.m_blocks * kLargeRows;
   a.splits = plan.splits;
   a.kt_per_split = plan.kt_per_split;
-  unsigned char* ws = static_cast<unsigned char*>(p.workspace);
-  a.counters = reinterpret_cast<int*>(ws);
-  size_t off = kCounterBytes;
-  if (plan.path == GemmPath::Large) {
-    a.xh = reinterpret_cast<const __half*>(ws + off);
-    off += align256(static_cast<size_t>(p.m) * p.w.k * 2);
-  }
-  a.xstage = nullptr;
-  a.xstats = nullptr;
-  if (plan.path == GemmPath::Int8) {
-    a.xstage = ws + off;
-    off += align256(static_cast<size_t>(p.w.k) * 32);
-    a.xstats = reinterpret_cast<const int4*>(ws + off);
-    off += align256(plan.splits * 64);
-  } else if (plan.path == GemmPath::F16) {
-    a.xstage = ws + off;
-    off += align256(static_cast<size_t>(8) * p.w.k * 2);
-  }
+  a.counters = counters;
+  a.xh = reinterpret_cast<const __half*>(ws + off);
+  off += align256(static_cast<size_t>(p.m) * p.w.k * 2);
   a.part = plan.splits > 1 ? reinterpret_cast<float*>(ws + off) : nullptr;
-
-  const size_t smem = gemm_smem_bytes(p.w, plan.path, plan.kt_per_split * 16);
-  // Raise the dynamic shared-memory limit to the largest this kernel can ask for, once.
-  static bool raised[8][3][3] = {};
-  bool& r = raised[p.w.bits - 1][path][p.w.codebook];
-  if (!r) {
-    const size_t cap = gemm_smem_bytes(p.w, plan.path, kMaxSmallRows);
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(cap));
-    if (e != cudaSuccess) return e;
-    r = true;
-  }
-  if (plan.path == GemmPath::Large) {
-    const int64_t items = p.m * (p.w.k / 128);
-    const unsigned blocks = static_cast<unsigned>((items + dev::kWarps - 1) / dev::kWarps);
-    dev::input_transform_kernel<<<blocks, dev::kThreads, 0, stream>>>(a.xs, p.w.k, const_cast<__half*>(a.xh));
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
-  if (plan.path == GemmPath::Int8) {
-    const size_t hsmem = static_cast<size_t>(4) * plan.kt_per_split * 16 * 4;
-    dev::stage_kernel<true><<<plan.splits, dev::kThreads, hsmem, stream>>>(
-        a.xs, p.w.k, plan.kt_per_split, const_cast<void*>(a.xstage), const_cast<int4*>(a.xstats));
-  } else if (plan.path == GemmPath::F16) {
-    dev::stage_kernel<false><<<plan.splits, dev::kThreads, 0, stream>>>(a.xs, p.w.k, plan.kt_per_split,
-                                                                         const_cast<void*>(a.xstage), nullptr);
-  }
-  if (plan.path != GemmPath::Large) {
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
+  const size_t smem = dev::large_smem_bytes(p.w.bits);
+  cudaError_t e = raise_smem_once(fn, smem);
+  if (e != cudaSuccess) return e;
+  const int64_t items = p.m * (p.w.k / 128);
+  const unsigned blocks = static_cast<unsigned>((items + dev::kWarps - 1) / dev::kWarps);
+  dev::input_transform_kernel<<<blocks, dev::kThreads, 0, stream>>>(xs, p.w.k, const_cast<__half*>(a.xh));
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
   const dim3 grid(plan.m_blocks, p.w.n / 128, plan.splits);
   fn<<<grid, dev::kThreads, smem, stream>>>(a);
   return cudaGetLastError();

@@ -2,16 +2,18 @@
 // trellis decoded in registers. Host-side launcher; device code in exl3_gemm_kernel.cuh.
 //
 // Paths (chosen by ops::exl3_gemm_plan, or forced):
-//   int8   m <= 4, MUL1 only. x_had is quantised per k-split to two int8 levels (hi + lo/254, about
-//          16 bits of precision relative to the split's amax); the MUL1 byte sum is folded into a
-//          u8 x s8 tensor-core product, so each weight costs one state extraction + one IMAD.
+//   int8   m <= 4, MUL1 only. x_had is quantised per 128-row chunk to two int8 levels (hi + lo/254,
+//          about 16 bits of precision relative to the chunk's amax); the MUL1 byte sum is folded
+//          into a u8 x s8 tensor-core product, so each weight costs one state extraction + one IMAD.
 //          Values are the affine MUL1 codebook (no per-weight fp16 rounding, <= 2^-12 relative).
 //   f16    m <= 8, any codebook: bit-exact fp16 decode, one m16n8k16 mma per tile for all rows.
 //   large  m > 8: x_had is formed once by a prologue kernel; each decoded tile feeds 64 rows.
-// The small paths stage x once per k-split in a small first kernel (2 launches per call). Every
-// path splits k across blocks when that fills the GPU better; the partial sums are reduced in a
-// fixed order by the last block of each output group (no floating-point atomics), so results are
-// bitwise repeatable.
+// The small paths stage x once per call in a small first kernel, then run a persistent stream-K
+// kernel (exl3_stream.cuh) of about one wave whose blocks walk contiguous ranges of
+// (column group, 128-row) units. The large path splits k across blocks. Partial sums are reduced
+// in a fixed order by the last block of each output group (no floating-point atomics), so results
+// are bitwise repeatable. The two launches of a small-path call use programmatic dependent launch
+// (set DSV41_EXL3_NO_PDL in the environment to launch them plainly).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -37,9 +39,10 @@ enum class GemmPath : int { Auto = 0, F16 = 1, Int8 = 2, Large = 3 };
 
 struct GemmPlan {
   GemmPath path = GemmPath::Auto;
-  int splits = 1;        // k-splits per output group
-  int kt_per_split = 0;  // k-tiles (16 rows) per split, a multiple of 8
+  int splits = 1;        // large: k-splits per output group; small: blocks per output group (about)
+  int kt_per_split = 0;  // large: k-tiles (16 rows) per split, a multiple of 8; small: 8 (one unit)
   int m_blocks = 1;      // row blocks (large path: 64 rows each)
+  int grid = 0;          // small paths: persistent blocks (<= units = n/128 * k/128)
   size_t workspace = 0;  // bytes of workspace needed
 };
 
@@ -54,7 +57,7 @@ struct GemmParams {
   void* workspace = nullptr;  // zeroed once by gemm_workspace_init; reusable across calls
   size_t workspace_bytes = 0;
   GemmPath path = GemmPath::Auto;  // force a path (tests, benchmark)
-  int splits = 0;                  // force a k-split count (0 = heuristic)
+  int splits = 0;                  // force a k-split count / blocks per group (0 = heuristic)
 };
 
 // Launches one planned problem (2 kernels: x staging or input transform, then the matmul).
@@ -68,9 +71,11 @@ cudaError_t launch_reconstruct(const Exl3Matrix& w, uint16_t* w_hat, cudaStream_
 
 // Workspace layout shared by planner and launcher.
 constexpr size_t kCounterBytes = 64 * 1024;  // ticket counters, zeroed once, reset by kernels
-constexpr int kMaxSmallRows = 512;           // k rows one small-m block stages
+constexpr int kMaxSmallRows = 1024;          // k rows one MoE block covers (x staged in smem)
 constexpr int kLargeRows = 64;               // rows per block on the large path
 size_t gemm_workspace_bytes(const Exl3Matrix& w, int64_t m, const GemmPlan& plan);
-size_t gemm_smem_bytes(const Exl3Matrix& w, GemmPath path, int rows_per_block);
+size_t gemm_smem_bytes(const Exl3Matrix& w, GemmPath path);
+// Resident blocks per SM of the small-path stream kernel for this matrix (occupancy query).
+int stream_blocks_per_sm(const Exl3Matrix& w, GemmPath path);
 
 }  // namespace dsv41::exl3::cuda

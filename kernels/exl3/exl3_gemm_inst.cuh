@@ -2,32 +2,38 @@
 // unit per K so that nvcc and ccache work per bit width).
 #pragma once
 #include "exl3/exl3_gemm_kernel.cuh"
+#include "exl3/exl3_stream.cuh"
 
 namespace dsv41::exl3::dev {
 
 using GemmKernelFn = void (*)(GemmArgs);
+using StreamKernelFn = void (*)(StreamArgs);
 
-// table[path][codebook]; the int8 path exists for MUL1 only.
+// Per codebook: the large-m kernel and the f16 stream kernel; the int8 stream kernel is MUL1 only.
+struct KernelTable {
+  GemmKernelFn large[3];
+  StreamKernelFn f16[3];
+  StreamKernelFn int8;
+};
+
 template <int K>
-void fill_gemm_table(GemmKernelFn (&table)[3][3]) {
-  table[kPathF16][0] = gemm_kernel<K, 0, kPathF16>;
-  table[kPathF16][1] = gemm_kernel<K, 1, kPathF16>;
-  table[kPathF16][2] = gemm_kernel<K, 2, kPathF16>;
-  table[kPathInt8][0] = nullptr;
-  table[kPathInt8][1] = nullptr;
-  table[kPathInt8][2] = gemm_kernel<K, 2, kPathInt8>;
-  table[kPathLarge][0] = gemm_kernel<K, 0, kPathLarge>;
-  table[kPathLarge][1] = gemm_kernel<K, 1, kPathLarge>;
-  table[kPathLarge][2] = gemm_kernel<K, 2, kPathLarge>;
+void fill_gemm_table(KernelTable& t) {
+  t.large[0] = gemm_kernel<K, 0>;
+  t.large[1] = gemm_kernel<K, 1>;
+  t.large[2] = gemm_kernel<K, 2>;
+  t.f16[0] = stream_kernel<K, 0, false>;
+  t.f16[1] = stream_kernel<K, 1, false>;
+  t.f16[2] = stream_kernel<K, 2, false>;
+  t.int8 = stream_kernel<K, 2, true>;
 }
 
-void gemm_table_k1(GemmKernelFn (&table)[3][3]);
-void gemm_table_k2(GemmKernelFn (&table)[3][3]);
-void gemm_table_k3(GemmKernelFn (&table)[3][3]);
-void gemm_table_k4(GemmKernelFn (&table)[3][3]);
-void gemm_table_k5(GemmKernelFn (&table)[3][3]);
-void gemm_table_k6(GemmKernelFn (&table)[3][3]);
-void gemm_table_k7(GemmKernelFn (&table)[3][3]);
-void gemm_table_k8(GemmKernelFn (&table)[3][3]);
+void gemm_table_k1(KernelTable& table);
+void gemm_table_k2(KernelTable& table);
+void gemm_table_k3(KernelTable& table);
+void gemm_table_k4(KernelTable& table);
+void gemm_table_k5(KernelTable& table);
+void gemm_table_k6(KernelTable& table);
+void gemm_table_k7(KernelTable& table);
+void gemm_table_k8(KernelTable& table);
 
 }  // namespace dsv41::exl3::dev

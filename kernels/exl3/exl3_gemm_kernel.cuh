@@ -1,6 +1,6 @@
-// EXL3 linear kernels: one block per (128-column group, k-split, row block); the last block of a
-// group (ticket counter) sums the k-split partials in split order and applies the output
-// Hadamard, svh and bias.
+// EXL3 large-m linear kernel (m > 8): one block per (128-column group, k-split, 64-row block); the
+// last block of a group (ticket counter) sums the k-split partials in split order and applies the
+// output Hadamard, svh and bias. The small-m paths are the stream kernels (exl3_stream.cuh).
 #pragma once
 #include "exl3/exl3_block.cuh"
 
@@ -8,10 +8,7 @@ namespace dsv41::exl3::dev {
 
 struct GemmArgs {
   cuda::Exl3Matrix w;
-  XSource xs;            // small paths
-  const __half* xh;      // large path: x_had [m][k]
-  const void* xstage;    // small paths: x staged once by stage_kernel
-  const int4* xstats;    // int8 path: [splits][4] {amax bits, sum hi, sum lo, 0}
+  const __half* xh;  // x_had [m][k]
   void* y;
   int y_type;
   int64_t y_cols, y_stride;
@@ -19,8 +16,6 @@ struct GemmArgs {
   float* part;    // [splits][m_pad][n] when splits > 1
   int* counters;  // [m_blocks][n/128]
 };
-
-enum : int { kPathF16 = 0, kPathInt8 = 1, kPathLarge = 2 };
 
 // Reduces split partials (if any) into red and writes the finished rows. Returns false in blocks
 // that are not the last of their group.
@@ -59,7 +54,7 @@ __device__ __forceinline__ bool finish_group(const GemmArgs& a, float* red, int 
   return true;
 }
 
-template <int K, int CB, int PATH>
+template <int K, int CB>
 __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   // Row blocks vary fastest so that the blocks sharing a column group's trellis run together
@@ -68,17 +63,10 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs a) {
   const int kt_total = a.w.k / 16;
   const int kt0 = split * a.kt_per_split;
   const int kt1 = min(kt_total, kt0 + a.kt_per_split);
-  constexpr int TOKB = PATH == kPathLarge ? 64 : (PATH == kPathInt8 ? 4 : 8);
-  const int tok0 = mb * TOKB;
-  const int ntok = min(TOKB, a.m - tok0);
-  float* red;
-  if constexpr (PATH == kPathLarge) {
-    red = reinterpret_cast<float*>(smem + ring_bytes(K));
-    large_block<K, CB>(a.w, a.xh, a.m, tok0, ng, kt0, kt1, smem, red);
-  } else {
-    red = small_block<K, CB, PATH == kPathInt8>(a.w, a.xs, ng, kt0, kt1, smem, a.xstage,
-                                                a.xstats ? a.xstats + split * 4 : nullptr);
-  }
+  const int tok0 = mb * cuda::kLargeRows;
+  const int ntok = min(cuda::kLargeRows, a.m - tok0);
+  float* red = reinterpret_cast<float*>(smem + ring_bytes(K));
+  large_block<K, CB>(a.w, a.xh, a.m, tok0, ng, kt0, kt1, smem, red);
   finish_group(a, red, ng, split, mb, tok0, ntok);
 }
 

@@ -7,6 +7,8 @@
 namespace dsv41::exl3::dev {
 cudaError_t launch_moe_gate_up(const MoeArgs& a, size_t smem, cudaStream_t stream);
 cudaError_t launch_moe_down(const MoeArgs& a, size_t smem, cudaStream_t stream);
+cudaError_t launch_moe_stage_gate_up(const MoeArgs& a, cudaStream_t stream);
+cudaError_t launch_moe_stage_down(const MoeArgs& a, cudaStream_t stream);
 }  // namespace dsv41::exl3::dev
 
 namespace dsv41::exl3::cuda {
@@ -15,7 +17,7 @@ namespace {
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
 struct MoeLayout {
-  size_t part_gu, act, part_dn, total;
+  size_t part_gu, act, part_dn, x_gu, stats_gu, x_dn, stats_dn, total;
 };
 
 MoeLayout layout(const MoeParams& p, const MoePlan& plan) {
@@ -27,6 +29,14 @@ MoeLayout layout(const MoeParams& p, const MoePlan& plan) {
   off += align256(static_cast<size_t>(plan.max_slots) * 8 * p.inter * 4);
   l.part_dn = off;
   off += align256(static_cast<size_t>(plan.max_slots) * plan.splits_dn * 8 * p.hidden * 4);
+  l.x_gu = off;
+  off += align256(static_cast<size_t>(plan.max_slots) * 2 * p.hidden * 32);
+  l.stats_gu = off;
+  off += align256(static_cast<size_t>(plan.max_slots) * 2 * plan.splits_gu * 4 * 16);
+  l.x_dn = off;
+  off += align256(static_cast<size_t>(plan.max_slots) * p.inter * 32);
+  l.stats_dn = off;
+  off += align256(static_cast<size_t>(plan.max_slots) * plan.splits_dn * 4 * 16);
   l.total = off;
   return l;
 }
@@ -61,7 +71,15 @@ cudaError_t launch_moe(const MoeParams& p, const MoePlan& plan, cudaStream_t str
   a.part_gu = reinterpret_cast<float*>(ws + l.part_gu);
   a.act = reinterpret_cast<float*>(ws + l.act);
   a.part_dn = reinterpret_cast<float*>(ws + l.part_dn);
-  cudaError_t e = dev::launch_moe_gate_up(a, plan.smem_gu, stream);
+  a.x_gu = ws + l.x_gu;
+  a.stats_gu = reinterpret_cast<int4*>(ws + l.stats_gu);
+  a.x_dn = ws + l.x_dn;
+  a.stats_dn = reinterpret_cast<int4*>(ws + l.stats_dn);
+  cudaError_t e = dev::launch_moe_stage_gate_up(a, stream);
+  if (e != cudaSuccess) return e;
+  e = dev::launch_moe_gate_up(a, plan.smem_gu, stream);
+  if (e != cudaSuccess) return e;
+  e = dev::launch_moe_stage_down(a, stream);
   if (e != cudaSuccess) return e;
   return dev::launch_moe_down(a, plan.smem_dn, stream);
 }

@@ -1,9 +1,14 @@
-// Grouped EXL3 MoE layer for a few tokens (decode, speculative verify: m <= 8) in two launches:
-//   1. gate_up: every (selected expert, gate|up, 128-column group, k-split) is one block; the last
+// Grouped EXL3 MoE layer for a few tokens (decode, speculative verify: m <= 8) in four launches,
+// chained with programmatic dependent launch (each starts its trellis prefetch while the previous
+// one finishes):
+//   1. stage gate/up: x ⊙ suh, input Hadamard (and int8 quantisation) once per (selected expert,
+//      projection, k-split) into the workspace.
+//   2. gate_up: every (selected expert, gate|up, 128-column group, k-split) is one block; the last
 //      block of an (expert, column group) applies both output Hadamards, svh, the clamped SwiGLU of
 //      MODEL.md §5.5 (u clamped to ±limit, g clamped above at limit, silu(g)·u), the routing
 //      weight, the down projection's suh and input Hadamard, and writes act_had.
-//   2. down: every (expert, 128-column group of the output, k-split) is one block; the last block
+//   3. stage down: act_had (int8 quantisation or fp16) once per (expert, k-split).
+//   4. down: every (expert, 128-column group of the output, k-split) is one block; the last block
 //      of a column group sums the experts in increasing expert id, shared expert last, and writes y.
 // Experts are selected on the device from topk ids, so one graph serves every routing. Each
 // matrix has its own K and codebook. Sums use fixed orders only (no floating-point atomics).

@@ -1,4 +1,5 @@
 // Launcher of the MoE down kernel (own compile unit: it instantiates every K x codebook).
+#include "exl3/exl3_launch.h"
 #include "exl3/exl3_moe_kernel.cuh"
 
 namespace dsv41::exl3::dev {
@@ -21,9 +22,8 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(const MoeArgs a) {
   if (w.bits > p.max_bits) __trap();  // shared memory was sized for max_bits
   const int kt0 = split * a.kt_dn, kt1 = min(p.inter / 16, kt0 + a.kt_dn);
   const size_t inter = p.inter, hidden = p.hidden;
-  const XSource xs{a.act + static_cast<size_t>(slot) * 8 * inter, 2, 1, p.m, static_cast<int64_t>(inter),
-                   static_cast<int64_t>(inter), nullptr};
-  float* red = small_block_any(w, xs, ng, kt0, kt1, smem, a.int8);
+  float* red = small_block_any(w, ng, kt0, kt1, smem, a.int8, a.x_dn + static_cast<size_t>(slot) * inter * 32,
+                               a.stats_dn + (static_cast<size_t>(slot) * a.splits_dn + split) * 4);
 
   float* part = a.part_dn + (static_cast<size_t>(slot) * a.splits_dn + split) * 8 * hidden;
   for (int i = tid; i < p.m * 128; i += kThreads) part[(i >> 7) * hidden + ng * 128 + (i & 127)] = red[i];
@@ -56,16 +56,10 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(const MoeArgs a) {
 }
 
 cudaError_t launch_moe_down(const MoeArgs& a, size_t smem, cudaStream_t stream) {
-  static bool raised = false;
-  if (!raised) {
-    const cudaError_t e = cudaFuncSetAttribute(moe_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(cuda::moe_smem_bytes(8, cuda::kMaxSmallRows)));
-    if (e != cudaSuccess) return e;
-    raised = true;
-  }
+  const cudaError_t e = cuda::raise_smem_once(moe_down_kernel, cuda::moe_smem_bytes(8, cuda::kMaxSmallRows));
+  if (e != cudaSuccess) return e;
   const unsigned blocks = static_cast<unsigned>(a.max_slots * (a.p.hidden / 128) * a.splits_dn);
-  moe_down_kernel<<<blocks, kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  return cuda::launch_pdl(moe_down_kernel, dim3(blocks), kThreads, smem, stream, a);
 }
 
 }  // namespace dsv41::exl3::dev

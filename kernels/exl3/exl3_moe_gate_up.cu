@@ -1,4 +1,5 @@
 // Launcher of the MoE gate/up kernel (own compile unit: it instantiates every K x codebook).
+#include "exl3/exl3_launch.h"
 #include "exl3/exl3_moe_kernel.cuh"
 
 namespace dsv41::exl3::dev {
@@ -23,8 +24,9 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(const MoeArgs a) 
   const cuda::Exl3Matrix w = proj ? p.up[e] : p.gate[e];
   if (w.bits > p.max_bits) __trap();  // shared memory was sized for max_bits
   const int kt0 = split * a.kt_gu, kt1 = min(p.hidden / 16, kt0 + a.kt_gu);
-  const XSource xs{p.x, static_cast<int>(p.x_type), 0, p.m, p.x_stride, p.x_cols, w.suh};
-  float* red = small_block_any(w, xs, ng, kt0, kt1, smem, a.int8);
+  const int mat = slot * 2 + proj;
+  float* red = small_block_any(w, ng, kt0, kt1, smem, a.int8, a.x_gu + static_cast<size_t>(mat) * p.hidden * 32,
+                               a.stats_gu + (static_cast<size_t>(mat) * a.splits_gu + split) * 4);
 
   const size_t inter = p.inter;
   float* part = a.part_gu + ((static_cast<size_t>(slot) * 2 + proj) * a.splits_gu + split) * 8 * inter;
@@ -66,16 +68,10 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(const MoeArgs a) 
 }
 
 cudaError_t launch_moe_gate_up(const MoeArgs& a, size_t smem, cudaStream_t stream) {
-  static bool raised = false;
-  if (!raised) {
-    const cudaError_t e = cudaFuncSetAttribute(moe_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(cuda::moe_smem_bytes(8, cuda::kMaxSmallRows)));
-    if (e != cudaSuccess) return e;
-    raised = true;
-  }
+  const cudaError_t e = cuda::raise_smem_once(moe_gate_up_kernel, cuda::moe_smem_bytes(8, cuda::kMaxSmallRows));
+  if (e != cudaSuccess) return e;
   const unsigned blocks = static_cast<unsigned>(a.max_slots * (a.p.inter / 128) * 2 * a.splits_gu);
-  moe_gate_up_kernel<<<blocks, kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  return cuda::launch_pdl(moe_gate_up_kernel, dim3(blocks), kThreads, smem, stream, a);
 }
 
 }  // namespace dsv41::exl3::dev

@@ -17,6 +17,13 @@ struct MoeArgs {
   float* part_gu; // [max_slots][2][splits_gu][8][inter]
   float* act;     // [max_slots][8][inter]  (down input, Hadamard basis)
   float* part_dn; // [max_slots][splits_dn][8][hidden]
+  // x staged once per (slot, projection) by the staging kernels, in small_block's xpre format
+  // (int8 fragments [k/16][32] uint4 or fp16 rows [8][k]; hidden * 32 / inter * 32 bytes each),
+  // with the int8 statistics per k-split.
+  unsigned char* x_gu;  // [max_slots][2]
+  int4* stats_gu;       // [max_slots][2][splits_gu][4]
+  unsigned char* x_dn;  // [max_slots]
+  int4* stats_dn;       // [max_slots][splits_dn][4]
 };
 
 struct SlotTable {
@@ -64,15 +71,15 @@ __device__ inline void build_slots(const cuda::MoeParams& p, SlotTable& st) {
 }
 
 // Runs the small-m block for a matrix whose K and codebook are known only at run time.
-__device__ __forceinline__ float* small_block_any(const cuda::Exl3Matrix& w, const XSource& xs,
-                                                  int ng, int kt0, int kt1, unsigned char* smem,
-                                                  bool int8) {
-#define DSV41_EXL3_CASE(KK)                                                            \
-  case KK:                                                                             \
-    if (int8 && w.codebook == 2) return small_block<KK, 2, true>(w, xs, ng, kt0, kt1, smem); \
-    if (w.codebook == 0) return small_block<KK, 0, false>(w, xs, ng, kt0, kt1, smem);  \
-    if (w.codebook == 1) return small_block<KK, 1, false>(w, xs, ng, kt0, kt1, smem);  \
-    return small_block<KK, 2, false>(w, xs, ng, kt0, kt1, smem);
+__device__ __forceinline__ float* small_block_any(const cuda::Exl3Matrix& w, int ng, int kt0, int kt1,
+                                                  unsigned char* smem, bool int8, const void* xpre,
+                                                  const int4* xstats) {
+#define DSV41_EXL3_CASE(KK)                                                                          \
+  case KK:                                                                                           \
+    if (int8 && w.codebook == 2) return small_block<KK, 2, true>(w, ng, kt0, kt1, smem, xpre, xstats); \
+    if (w.codebook == 0) return small_block<KK, 0, false>(w, ng, kt0, kt1, smem, xpre, xstats);       \
+    if (w.codebook == 1) return small_block<KK, 1, false>(w, ng, kt0, kt1, smem, xpre, xstats);       \
+    return small_block<KK, 2, false>(w, ng, kt0, kt1, smem, xpre, xstats);
   switch (w.bits) {
     DSV41_EXL3_CASE(1)
     DSV41_EXL3_CASE(2)

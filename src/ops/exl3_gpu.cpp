@@ -73,13 +73,14 @@ GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path, int split
     if (splits > 0) want = splits;
     std::tie(plan.splits, plan.kt_per_split) = split_k(ktiles, want);
   } else {
+    // Persistent stream-K grid: about one resident wave, never more blocks than units (one unit =
+    // one column group x 128 k-rows). A forced `splits` asks for that many blocks per column group.
     plan.m_blocks = 1;
-    const int min_splits = (ktiles * 16 + kMaxSmallRows - 1) / kMaxSmallRows;
-    int want = splits > 0 ? splits : (4 * sms + ngroups - 1) / ngroups;
-    want = std::max(want, min_splits);
-    std::tie(plan.splits, plan.kt_per_split) = split_k(ktiles, want);
-    DSV_CHECK(plan.kt_per_split * 16 <= kMaxSmallRows, "exl3_gemm: {} splits leave more than {} rows per block",
-              plan.splits, kMaxSmallRows);
+    plan.kt_per_split = 8;
+    const int units = ngroups * (ktiles / 8);
+    int grid = splits > 0 ? ngroups * splits : sms * std::max(1, exl3::cuda::stream_blocks_per_sm(w, path));
+    plan.grid = std::clamp(grid, 1, units);
+    plan.splits = (plan.grid + ngroups - 1) / ngroups;
   }
   DSV_CHECK(static_cast<size_t>(ngroups) * plan.m_blocks * 4 <= kCounterBytes,
             "exl3_gemm: n={} with m={} exceeds the ticket counter space", w.n, m);

@@ -6,7 +6,7 @@
 //
 // Usage: bench_exl3 [--quick] [--sweep]
 //   --quick  K = 3 only
-//   --sweep  also time every k-split count for m = 1 and 4 and print the best (tuning aid)
+//   --sweep  also time every forced blocks-per-column-group count for m = 1 and 4 (tuning aid)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -143,7 +143,7 @@ struct Bench {
     const size_t distinct = std::max<size_t>(1, pool.bytes / bytes);
     Exl3Matrix w0 = matrix(k, n, K, 0);
     const auto plan = dsv41::ops::exl3_gemm_plan(w0, m, path, splits);
-    if (used_splits) *used_splits = plan.splits;
+    if (used_splits) *used_splits = plan.path == GemmPath::Large ? plan.splits : plan.grid;
     if (plan.workspace > ws_bytes) {
       if (ws) cudaFree(ws);
       ws_bytes = plan.workspace;
@@ -257,7 +257,8 @@ int main(int argc, char** argv) try {
                           {"1280->32768", 1280, 32768}, {"8192->5120", 8192, 5120}, {"5120->512", 5120, 512},
                           {"head 5120->129280", 5120, 129280}};
   std::vector<int> Ks = quick ? std::vector<int>{3} : std::vector<int>{2, 3, 4};
-  std::printf("\n%-18s %2s %4s %-5s %6s %10s %9s %7s %9s\n", "shape", "K", "m", "path", "splits", "us/call",
+  // "grid": persistent blocks of the small paths; "splits": k-splits of the large path.
+  std::printf("\n%-18s %2s %4s %-5s %6s %10s %9s %7s %9s\n", "shape", "K", "m", "path", "grid|splits", "us/call",
               "GB/s", "%copy", "m/m1 time");
   for (const Shape& sh : shapes) {
     for (int K : Ks) {
@@ -281,7 +282,7 @@ int main(int argc, char** argv) try {
   }
 
   if (sweep) {
-    std::printf("\nsplit sweep (K=3): shape m best_splits best_us [splits:us ...]\n");
+    std::printf("\nblocks-per-group sweep (K=3): shape m best_grid best_us [grid:us ...]\n");
     for (const Shape& sh : shapes) {
       for (int m : {1, 4}) {
         double best = 1e30;
@@ -302,7 +303,7 @@ int main(int argc, char** argv) try {
 
   // ---- a whole MoE decode layer: 6 routed experts + shared, 5120 -> 2304 -> 5120 ----
   const int n_experts = 384, hidden = 5120, inter = 2304, topk = 6;
-  std::printf("\nMoE layer (DeepSeek-V4.1: %d experts, top-%d + shared, %d->%d->%d), 2 launches per layer\n",
+  std::printf("\nMoE layer (DeepSeek-V4.1: %d experts, top-%d + shared, %d->%d->%d), 4 launches per layer\n",
               n_experts, topk, hidden, inter, hidden);
   std::printf("%2s %2s %10s %12s %10s %8s\n", "K", "m", "us/layer", "floor us", "x floor", "GB/s");
   for (int K : Ks) {

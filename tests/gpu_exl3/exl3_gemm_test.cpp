@@ -141,12 +141,17 @@ TEST(Exl3GpuGemm, LargePathAllBitsAllCodebooks) {
 }
 
 TEST(Exl3GpuGemm, SplitKCountsAgree) {
-  // Many and few k-splits must give the same answer within rounding (and each is deterministic).
+  // Many and few blocks per column group (stream-K grids of the small paths) or k-splits (large
+  // path) must give the same answer within rounding, and each is deterministic.
   for (int splits : {1, 2, 5, 16})
     run_case({2048, 256, 3, 2, 3, 2048, 256, ActType::F16, ActType::F32, GemmPath::Int8, splits, false}, 900 + splits);
   for (int splits : {2, 7})
     run_case({2048, 384, 2, 0, 6, 2048, 384, ActType::BF16, ActType::F32, GemmPath::F16, splits, true}, 950 + splits);
   run_case({2048, 384, 4, 2, 2, 2048, 384, ActType::F16, ActType::F32, GemmPath::Auto, 0, false}, 990);
+  // More column groups than resident blocks (as for the LM head): blocks then span a group tail,
+  // whole groups and a group head.
+  run_case({256, 128 * 700, 3, 2, 1, 256, 128 * 700 - 5, ActType::BF16, ActType::F32, GemmPath::Int8, 0, true}, 991);
+  run_case({256, 128 * 700, 2, 1, 3, 256, 128 * 700, ActType::F16, ActType::F32, GemmPath::F16, 0, false}, 992);
 }
 
 TEST(Exl3GpuGemm, FixtureMul1) {

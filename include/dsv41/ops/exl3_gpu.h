@@ -23,7 +23,9 @@ using exl3::cuda::MoeParams;
 // SM count of the current device (cached per device).
 int current_sm_count();
 
-// Path and k-split for y = x·W with m rows; `path`/`splits` force a choice (0 = heuristic).
+// Path and work split for y = x·W with m rows; `path`/`splits` force a choice (0 = heuristic):
+// `splits` is the k-split count on the large path and the blocks per column group (persistent
+// stream-K grid) on the small paths.
 GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path = GemmPath::Auto, int splits = 0);
 
 // Workspace bytes that cover every auto-planned call with 1..m_max rows.
@@ -38,7 +40,7 @@ void exl3_gemm(const GemmParams& p, cudaStream_t stream);
 // Decodes W_hat [k][n] fp16 (bit-exact with EXL3.md §2.6) with the kernels' own decoder.
 void exl3_reconstruct(const Exl3Matrix& w, uint16_t* w_hat, cudaStream_t stream);
 
-// One MoE layer for m <= 8 tokens in two launches (see exl3_moe.h).
+// One MoE layer for m <= 8 tokens in four launches (see exl3_moe.h).
 size_t exl3_moe_workspace_bytes(const MoeParams& p);
 void exl3_moe(const MoeParams& p, cudaStream_t stream);
 

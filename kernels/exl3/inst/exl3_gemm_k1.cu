@@ -2,5 +2,5 @@
 #include "exl3/exl3_gemm_inst.cuh"
 
 namespace dsv41::exl3::dev {
-void gemm_table_k1(GemmKernelFn (&table)[3][3]) { fill_gemm_table<1>(table); }
+void gemm_table_k1(KernelTable& table) { fill_gemm_table<1>(table); }
 }  // namespace dsv41::exl3::dev

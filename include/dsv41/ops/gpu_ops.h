@@ -1,0 +1,83 @@
+// Validated entry points of the non-EXL3 CUDA ops (kernels/ops/): the numeric pieces of the
+// FP8/FP4 forward path (MODEL.md §4-§5), each reproducing the CPU reference engine's rounding and
+// summation order. Argument structs and layouts are documented in kernels/ops/ops_launch.h.
+// Every function throws dsv41::Error with one precise message on bad arguments or a failed launch;
+// launches are asynchronous, allocate nothing, and are graph-capturable (except where noted).
+#pragma once
+#if DSV41_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/ops_launch.h"
+
+namespace dsv41::ops::gpu {
+
+void rms_norm(const RmsNormArgs& a, cudaStream_t s);
+void rope(const RopeArgs& a, cudaStream_t s);
+void qdq(const QdqArgs& a, cudaStream_t s);
+void act_quant8(const ActQuantArgs& a, cudaStream_t s);
+// Lin8 / Lin4 take the ActQuant8 output of their input rows.
+void lin8(const Lin8Args& a, cudaStream_t s);
+void lin4(const Lin4Args& a, cudaStream_t s);
+void lin_dense(const DenseArgs& a, cudaStream_t s);
+void hc_mix(const HcMixArgs& a, cudaStream_t s);
+void hc_collapse(const HcCollapseArgs& a, cudaStream_t s);
+void hc_expand(const HcExpandArgs& a, cudaStream_t s);
+void router(const RouterArgs& a, cudaStream_t s);
+void swiglu(const SwigluArgs& a, cudaStream_t s);
+void moe_combine(const MoeCombineArgs& a, cudaStream_t s);
+void engram_dequant(const EngramDequantArgs& a, cudaStream_t s);
+void engram_gate(const EngramGateArgs& a, cudaStream_t s);
+void indexer_scores(const IndexerArgs& a, cudaStream_t s);
+void topk_sorted(const TopkArgs& a, cudaStream_t s);
+void candidate_blocks(const CandidateArgs& a, cudaStream_t s);
+void candidate_mask(const CandidateMaskArgs& a, cudaStream_t s);
+// Decode: one query per sequence, one head per block. Prefill: many queries, kPrefillHeads heads
+// per block share each staged chunk of rows. Same arithmetic, identical results.
+inline constexpr int kPrefillHeads = 4;
+void sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t s);
+void sparse_attention_prefill(const SparseAttnArgs& a, cudaStream_t s);
+void attn_lists(const AttnListArgs& a, cudaStream_t s);
+void stage_window(const StageWindowArgs& a, cudaStream_t s);
+void embed(const EmbedArgs& a, cudaStream_t s);
+void argmax(const ArgmaxArgs& a, cudaStream_t s);
+void compress_pool(const CompressPoolArgs& a, cudaStream_t s);
+void store_bf16(const StoreBf16Args& a, cudaStream_t s);
+void scale_round(const ScaleRoundArgs& a, cudaStream_t s);
+void fill_pointers(const FillPointersArgs& a, cudaStream_t s);
+
+// ---- compressor step (KV-source layers, ratio 1 and r > 1) ----
+struct CompressorWeights {
+  const void* wkv = nullptr;  // [hd][dim]: BF16 for ratio 1, F32 for ratio > 1
+  DenseType wkv_type = DenseType::BF16;
+  const float* wgate = nullptr;  // [hd][dim] F32 (ratio > 1)
+  const float* norm = nullptr;   // [hd]
+  const uint16_t* i_wk = nullptr;  // [ihd][hd] BF16; nullptr when the layer owns no index keys
+  const float* i_k_norm = nullptr;  // [ihd]
+  int64_t dim = 0, hd = 0, ihd = 0, ratio = 1, rope_dim = 0;
+  const float* freqs = nullptr;  // compressed RoPE table [rope_dim/2]
+  float eps = 0.0f;
+};
+struct CompressorState {
+  float* carry_kv = nullptr;     // [ratio][hd] (ratio > 1)
+  float* carry_score = nullptr;  // [ratio][hd]
+  uint16_t* compressed = nullptr;  // [capacity][hd] bf16 (QDQ4b values)
+  uint16_t* index_keys = nullptr;  // [capacity][ihd] bf16 (QDQ4a values), when i_wk is set
+  int64_t capacity = 0;
+  int64_t n_entries = 0;  // advanced by compressor_step
+};
+struct CompressorScratch {
+  float* a = nullptr;       // [max_tokens][hd]
+  float* g = nullptr;       // [max_tokens][hd]
+  float* latent = nullptr;  // [max_tokens][hd]
+  float* work = nullptr;    // [max_tokens][max(hd, ihd)]
+  int64_t max_tokens = 0;
+};
+// Runs the compressor over n tokens at positions start.. (x: [n][dim] bf16 values) and appends the
+// emitted groups' compressed rows and index keys to the state. Returns the number of groups.
+int64_t compressor_step(const CompressorWeights& w, CompressorState& st, const CompressorScratch& scratch,
+                        const float* x, int64_t n, int64_t start, cudaStream_t s);
+
+}  // namespace dsv41::ops::gpu
+#endif

@@ -1,0 +1,150 @@
+// mHC (MODEL.md §5.2): the per-site mix (stream rsqrt, fp32 GEMV, Sinkhorn split), collapse and
+// expand. Sums follow the CPU reference's order; exp goes through double like libm's expf.
+#include "ops/ops_common.cuh"
+#include "ops/ops_launch.h"
+
+namespace dsv41::ops::gpu {
+namespace {
+
+constexpr int kMaxHc = 16;
+
+// hc_split_sinkhorn (src/model/ops/mhc.cpp), one thread.
+__device__ void split_sinkhorn(const float* m, int hc, const float* base, const float* scale, int64_t iters, float eps,
+                               float* out) {
+  float* pre = out;
+  float* post = out + hc;
+  float* c = out + 2 * hc;
+  for (int i = 0; i < hc; ++i) {
+    pre[i] = __fadd_rn(dev::sigmoid_ref(__fadd_rn(__fmul_rn(m[i], scale[0]), base[i])), eps);
+    post[i] = __fmul_rn(2.0f, dev::sigmoid_ref(__fadd_rn(__fmul_rn(m[hc + i], scale[1]), base[hc + i])));
+  }
+  for (int i = 0; i < hc * hc; ++i) c[i] = __fadd_rn(__fmul_rn(m[2 * hc + i], scale[2]), base[2 * hc + i]);
+  auto row_norm = [&](bool softmax) {
+    for (int r = 0; r < hc; ++r) {
+      float* row = c + r * hc;
+      if (softmax) {
+        float mx = row[0];
+        for (int k = 1; k < hc; ++k) mx = row[k] > mx ? row[k] : mx;
+        for (int k = 0; k < hc; ++k) row[k] = dev::exp_ref(__fsub_rn(row[k], mx));
+      }
+      float s = 0.0f;
+      for (int k = 0; k < hc; ++k) s = __fadd_rn(s, row[k]);
+      for (int k = 0; k < hc; ++k)
+        row[k] = softmax ? __fadd_rn(__fdiv_rn(row[k], s), eps) : __fdiv_rn(row[k], __fadd_rn(s, eps));
+    }
+  };
+  auto col_norm = [&] {
+    for (int k = 0; k < hc; ++k) {
+      float s = 0.0f;
+      for (int r = 0; r < hc; ++r) s = __fadd_rn(s, c[r * hc + k]);
+      for (int r = 0; r < hc; ++r) c[r * hc + k] = __fdiv_rn(c[r * hc + k], __fadd_rn(s, eps));
+    }
+  };
+  row_norm(true);
+  col_norm();
+  for (int64_t it = 0; it + 1 < iters; ++it) {
+    row_norm(false);
+    col_norm();
+  }
+}
+
+// One block per (mix row, token): warp 0 the stream rsqrt statistic (recomputed per row: h is
+// small and L2-resident), warp 1 the row's fp32 GEMV; the scaled mix goes to a.mix (raw).
+__global__ void hc_mix_dots_kernel(HcMixArgs a) {
+  __shared__ float part[2];
+  const int64_t i = blockIdx.x, t = blockIdx.y;
+  const int64_t k = a.hc * a.dim, n_mix = (2 + a.hc) * a.hc;
+  const float* h = a.h + t * k;
+  const int warp = threadIdx.x / 32;
+  if (warp == 0) {
+    const float sum = dev::warp_torch_sum([&](int64_t j) { return __fmul_rn(h[j], h[j]); }, k);
+    if (threadIdx.x == 0) part[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, static_cast<float>(k)), a.norm_eps)));
+  } else {
+    const float* w = a.fn + i * k;
+    const float d = dev::warp_gemm_dot([&](int64_t j) { return w[j]; }, [&](int64_t j) { return h[j]; }, k);
+    if (threadIdx.x == 32) part[1] = d;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) a.mix[t * n_mix + i] = __fmul_rn(part[1], part[0]);
+}
+
+// Sinkhorn split of one token's raw mix, in place.
+__global__ void hc_split_kernel(HcMixArgs a) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= a.n) return;
+  const int hc = static_cast<int>(a.hc);
+  const int64_t n_mix = (2 + a.hc) * a.hc;
+  float m[(2 + kMaxHc) * kMaxHc], out[(2 + kMaxHc) * kMaxHc];
+  for (int64_t i = 0; i < n_mix; ++i) m[i] = a.mix[t * n_mix + i];
+  split_sinkhorn(m, hc, a.base, a.scale, a.iters, a.hc_eps, out);
+  for (int64_t i = 0; i < n_mix; ++i) a.mix[t * n_mix + i] = out[i];
+}
+
+__global__ void hc_collapse_kernel(HcCollapseArgs a) {
+  const int64_t total = a.n * a.dim;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / a.dim, d = idx % a.dim;
+    const float* w = a.w + t * a.w_stride;
+    const float* h = a.h + t * a.hc * a.dim + d;
+    float s = 0.0f;
+    for (int64_t j = 0; j < a.hc; ++j) s = __fadd_rn(s, __fmul_rn(w[j], h[j * a.dim]));
+    a.out[idx] = dev::bf16_round(s);
+  }
+}
+
+__global__ void hc_expand_kernel(HcExpandArgs a) {
+  const int64_t total = a.n * a.dim, n_mix = (2 + a.hc) * a.hc;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / a.dim, d = idx % a.dim;
+    const float* mix = a.mix + t * n_mix;
+    const float* post = mix + a.hc;
+    const float* comb = mix + 2 * a.hc;
+    float* h = a.h + t * a.hc * a.dim + d;
+    float res[kMaxHc];
+    for (int64_t j = 0; j < a.hc; ++j) res[j] = h[j * a.dim];
+    const float y = a.y[idx];
+    for (int64_t k = 0; k < a.hc; ++k) {
+      float s = 0.0f;
+      for (int64_t j = 0; j < a.hc; ++j) s = __fadd_rn(s, __fmul_rn(comb[j * a.hc + k], res[j]));
+      h[k * a.dim] = dev::bf16_round(__fadd_rn(__fmul_rn(post[k], y), s));
+    }
+  }
+}
+
+unsigned elem_grid(int64_t total) {
+  const int64_t b = (total + 255) / 256;
+  return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+
+}  // namespace
+
+namespace raw {
+cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
+  if (a.n == 0) return cudaSuccess;
+  for (int64_t t0 = 0; t0 < a.n; t0 += 65535) {  // grid.y limit
+    HcMixArgs b = a;
+    b.n = a.n - t0 < 65535 ? a.n - t0 : 65535;
+    b.h = a.h + t0 * a.hc * a.dim;
+    b.mix = a.mix + t0 * (2 + a.hc) * a.hc;
+    hc_mix_dots_kernel<<<dim3(static_cast<unsigned>((2 + a.hc) * a.hc), static_cast<unsigned>(b.n)), 64, 0, s>>>(b);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  hc_split_kernel<<<static_cast<unsigned>((a.n + 63) / 64), 64, 0, s>>>(a);
+  return cudaGetLastError();
+}
+cudaError_t hc_collapse(const HcCollapseArgs& a, cudaStream_t s) {
+  if (a.n == 0) return cudaSuccess;
+  hc_collapse_kernel<<<elem_grid(a.n * a.dim), 256, 0, s>>>(a);
+  return cudaGetLastError();
+}
+cudaError_t hc_expand(const HcExpandArgs& a, cudaStream_t s) {
+  if (a.n == 0) return cudaSuccess;
+  hc_expand_kernel<<<elem_grid(a.n * a.dim), 256, 0, s>>>(a);
+  return cudaGetLastError();
+}
+}  // namespace raw
+
+}  // namespace dsv41::ops::gpu

@@ -1,0 +1,179 @@
+// Device helpers shared by the non-EXL3 op kernels (kernels/ops/*.cu): the reference's rounding
+// primitives (bf16, e4m3, e2m1, E8M0) and its fp32 summation orders (MODEL.md §4).
+//
+// Exactness rules. nvcc contracts a*b+c into an fma by default while the CPU reference is built
+// without contraction, so every product that feeds a sum is written with __fmul_rn/__fadd_rn, and
+// fmaf appears only where the reference itself fuses (dot.h's 256-wide blocks). exp/log go through
+// double precision and are rounded once to fp32: that reproduces the correctly rounded libm values
+// the CPU reference gets, instead of the few-ulp CUDA fast forms.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv41::ops::gpu::dev {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kGemmKBlock = 256;  // dot.h: fma chains of 256 from zero, added in K order
+
+__device__ __forceinline__ float bf16_round(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float((u | 0x00400000u) & 0xffff0000u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __uint_as_float(u & 0xffff0000u);
+}
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) { return static_cast<uint16_t>(__float_as_uint(bf16_round(f)) >> 16); }
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+
+__device__ __forceinline__ float exp_ref(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+__device__ __forceinline__ float log1p_ref(float x) { return static_cast<float>(log1p(static_cast<double>(x))); }
+__device__ __forceinline__ float sigmoid_ref(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_ref(-x))); }
+
+// Nearest e4m3fn value (ties to even), saturating at ±448; NaN stays NaN (numeric.h e4m3_round).
+__device__ __forceinline__ float e4m3_round(float x) {
+  if (isnan(x)) return x;
+  float a = fabsf(x);
+  if (a >= 0.015625f) {
+    uint32_t u = __float_as_uint(a);
+    u = u + ((1u << 19) - 1) + ((u >> 20) & 1u);
+    u &= ~((1u << 20) - 1);
+    a = __uint_as_float(u);
+    if (a > 448.0f) a = 448.0f;
+  } else {
+    a = __fdiv_rn(rintf(__fmul_rn(a, 512.0f)), 512.0f);
+  }
+  return signbit(x) ? -a : a;
+}
+// Byte of an e4m3 value that is already on the grid (as e4m3_round returns).
+__device__ __forceinline__ uint8_t e4m3_bits(float r) {
+  if (isnan(r)) return 0x7F;
+  const float a = fabsf(r);
+  uint8_t bits;
+  if (a >= 0.015625f) {
+    const uint32_t u = __float_as_uint(a);
+    const int e = static_cast<int>((u >> 23) & 0xFF) - 127 + 7;
+    bits = static_cast<uint8_t>((e << 3) | ((u >> 20) & 7));
+  } else {
+    bits = static_cast<uint8_t>(__fmul_rn(a, 512.0f));
+  }
+  return static_cast<uint8_t>(bits | (signbit(r) ? 0x80 : 0));
+}
+__device__ __forceinline__ float e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  if (e == 0xF && m == 7) return __uint_as_float(0x7fc00000u);
+  float v = e == 0 ? ldexpf(static_cast<float>(m), -9) : ldexpf(1.0f + m * 0.125f, e - 7);
+  return (b & 0x80) ? -v : v;
+}
+// E8M0: 2^(b-127), 255 = NaN (byte 0 is the subnormal 2^-127).
+__device__ __forceinline__ float e8m0_value(uint8_t b) {
+  if (b == 255) return __uint_as_float(0x7fc00000u);
+  if (b == 0) return __uint_as_float(0x00400000u);
+  return __uint_as_float(static_cast<uint32_t>(b) << 23);
+}
+__device__ __forceinline__ float e2m1_value(uint8_t nibble) {
+  const uint8_t m = nibble & 7;
+  const float v = m < 4 ? 0.5f * m : (m == 4 ? 2.0f : (m == 5 ? 3.0f : (m == 6 ? 4.0f : 6.0f)));
+  return (nibble & 8) ? -v : v;
+}
+// quant.cpp e2m1_round: nearest of {0,.5,1,1.5,2,3,4,6}, ties to the even code.
+__device__ __forceinline__ float e2m1_round(float v) {
+  const float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  const float grid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float mag = fabsf(v);
+  int code = 0;
+#pragma unroll
+  for (int i = 0; i < 7; ++i)
+    if (mag > mids[i] || (mag == mids[i] && (i & 1))) ++code;
+  return signbit(v) ? -grid[code] : grid[code];
+}
+// quant.cpp pow2_ceil_scale: next power of two >= amax*max_inv, on the bits of the product.
+__device__ __forceinline__ float pow2_ceil_scale(float amax, float max_inv) {
+  const uint32_t bits = __float_as_uint(__fmul_rn(amax, max_inv));
+  const int32_t e = static_cast<int32_t>((bits >> 23) & 0xFF);
+  const int32_t lc = e - 127 + ((bits & 0x7FFFFFu) != 0 ? 1 : 0);
+  return __uint_as_float(static_cast<uint32_t>(lc + 127) << 23);
+}
+__device__ __forceinline__ float clampf(float v, float lo, float hi) { return fminf(fmaxf(v, lo), hi); }
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// torch_sum_f32 (src/model/ops/torch_sum.cpp) computed by one warp: lane k*8+l owns the reference's
+// accumulator chain (ilp k, vector lane l) and walks it in the same cascade, so the result is the
+// identical fp32 value. `value(i)` yields element i (already rounded as the reference rounds it).
+// Every lane returns the total.
+template <class F>
+__device__ float warp_torch_sum(F value, int64_t n) {
+  constexpr int kLanes = 8, kIlp = 4, kLevels = 4;
+  const int lane = threadIdx.x & 31, k = lane / kLanes, l = lane % kLanes;
+  const int64_t vec_size = n / kLanes, size_ilp = vec_size / kIlp;
+  int64_t lp = 0;
+  {
+    int64_t x = size_ilp, c = 0;
+    if (x > 1) {
+      uint64_t y = static_cast<uint64_t>(x - 1);
+      while (y) ++c, y >>= 1;
+    }
+    lp = c / kLevels < 4 ? 4 : c / kLevels;
+  }
+  const int64_t step = int64_t{1} << lp, mask = step - 1;
+  float acc[kLevels] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t i = 0;
+  while (i + step <= size_ilp) {
+    for (int64_t j = 0; j < step; ++j, ++i) acc[0] = __fadd_rn(acc[0], value((i * kIlp + k) * kLanes + l));
+#pragma unroll
+    for (int lev = 1; lev < kLevels; ++lev) {
+      acc[lev] = __fadd_rn(acc[lev], acc[lev - 1]);
+      acc[lev - 1] = 0.0f;
+      if ((i & (mask << (lev * lp))) != 0) break;
+    }
+  }
+  for (; i < size_ilp; ++i) acc[0] = __fadd_rn(acc[0], value((i * kIlp + k) * kLanes + l));
+#pragma unroll
+  for (int lev = 1; lev < kLevels; ++lev) acc[0] = __fadd_rn(acc[0], acc[lev]);
+  if (k == 0)
+    for (int64_t v = size_ilp * kIlp; v < vec_size; ++v) acc[0] = __fadd_rn(acc[0], value(v * kLanes + l));
+  // acc[0][0][l] += acc[0][k][l] for k = 1..3 in order
+  const float a1 = __shfl_sync(kFull, acc[0], (lane + 8) & 31);
+  const float a2 = __shfl_sync(kFull, acc[0], (lane + 16) & 31);
+  const float a3 = __shfl_sync(kFull, acc[0], (lane + 24) & 31);
+  float lane_sum = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], a1), a2), a3);  // valid in lanes 0..7
+  float total = 0.0f;
+  for (int64_t t = vec_size * kLanes; t < n; ++t) total = __fadd_rn(total, value(t));
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) total = __fadd_rn(total, __shfl_sync(kFull, lane_sum, j));
+  return total;
+}
+
+// gemm_dot_f32 (dot.h) for one 256-wide K block: the sequential fma chain from zero.
+template <class A, class B>
+__device__ __forceinline__ float dot_block(A a, B b, int64_t k0, int64_t k1) {
+  float acc = 0.0f;
+  for (int64_t k = k0; k < k1; ++k) acc = fmaf(a(k), b(k), acc);
+  return acc;
+}
+
+// gemm_dot_f32 computed by one warp: lane j takes K blocks j, j+32, ...; the block results are
+// then added in K order (lane 0's view is broadcast). Every lane returns the total.
+template <class A, class B>
+__device__ float warp_gemm_dot(A a, B b, int64_t n) {
+  const int lane = threadIdx.x & 31;
+  const int64_t nb = (n + kGemmKBlock - 1) / kGemmKBlock;
+  float total = 0.0f;
+  for (int64_t base = 0; base < nb; base += 32) {
+    const int64_t blk = base + lane;
+    float part = 0.0f;
+    if (blk < nb) {
+      const int64_t k0 = blk * kGemmKBlock, k1 = k0 + kGemmKBlock < n ? k0 + kGemmKBlock : n;
+      part = dot_block(a, b, k0, k1);
+    }
+    const int64_t cnt = nb - base < 32 ? nb - base : 32;
+    for (int j = 0; j < cnt; ++j) total = __fadd_rn(total, __shfl_sync(kFull, part, j));
+  }
+  return total;
+}
+
+}  // namespace dsv41::ops::gpu::dev

@@ -1,0 +1,327 @@
+// Argument structs and raw launchers of the non-EXL3 op kernels (kernels/ops/*.cu). The launchers
+// trust their arguments; the validated entry points are in include/dsv41/ops/gpu_ops.h.
+//
+// Conventions: activations are fp32 arrays holding the reference's values (bf16-rounded where the
+// reference rounds); KV cache rows and index keys are stored as bf16 bits (uint16_t); FP8 codes and
+// E8M0 scales stay bytes. All pointers are device memory unless a comment says otherwise; every
+// launch is asynchronous on `stream` and allocates nothing (graph-capturable).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv41::ops::gpu {
+
+// ---- norms, rotary, quantise-dequantise ------------------------------------------------------
+struct RmsNormArgs {
+  const float* x = nullptr;  // [rows][x_stride]
+  int64_t x_stride = 0;
+  const float* w = nullptr;  // [d]
+  float* out = nullptr;      // [rows][out_stride]; may alias x
+  int64_t out_stride = 0;
+  int64_t rows = 0, d = 0;
+  float eps = 0.0f;
+};
+
+struct RopeArgs {
+  float* v = nullptr;             // first rotated value of vector (r, h) at v + r*row_stride + h*vec_stride
+  int64_t rows = 0, vecs = 1, vec_stride = 0, row_stride = 0;
+  const float* freqs = nullptr;   // [rope_dim/2] fp32 frequencies (RopeTable::freqs)
+  int64_t rope_dim = 0;
+  const int64_t* positions = nullptr;  // [rows]; nullptr: position of row r is pos0 + r*pos_step
+  int64_t pos0 = 0, pos_step = 1;
+  bool inverse = false;
+};
+
+enum class QdqKind : int { Q8 = 0, Q4a = 1, Q4b = 2 };
+struct QdqArgs {
+  float* x = nullptr;  // [rows][stride], first k values of each row, in place
+  int64_t rows = 0, k = 0, stride = 0;
+  QdqKind kind = QdqKind::Q8;
+};
+
+struct ActQuantArgs {
+  const float* x = nullptr;  // [rows][x_stride]
+  int64_t rows = 0, k = 0, x_stride = 0;
+  uint8_t* codes = nullptr;  // [rows][k] e4m3 bytes
+  float* scales = nullptr;   // [rows][k/32] power-of-two scales
+};
+
+// ---- linears -----------------------------------------------------------------------------------
+struct Fp8Weight {
+  const uint8_t* codes = nullptr;   // [out][in] e4m3
+  const uint8_t* scales = nullptr;  // [ceil(out/32)][ceil(in/32)] E8M0
+  int64_t in = 0, out = 0;
+};
+// A bank of FP4 experts stored back to back: packed [E][out][in/2] (low nibble = even column),
+// scales [E][out][in/32] E8M0. A plain Lin4 is a bank of one.
+struct Fp4Weight {
+  const uint8_t* packed = nullptr;
+  const uint8_t* scales = nullptr;
+  int64_t in = 0, out = 0, n_experts = 1;
+};
+struct Lin8Args {
+  Fp8Weight w;
+  const uint8_t* x_codes = nullptr;  // ActQuant8 of the m input rows
+  const float* x_scales = nullptr;
+  int64_t m = 0;
+  float* y = nullptr;  // [m][y_stride]
+  int64_t y_stride = 0;
+  bool round_bf16 = true;
+};
+// Row r of y = Lin4(expert expert_ids[r], input row r / x_row_div): x_row_div = top_k runs the
+// gate/up projections of every (token, slot) pair, 1 the down projection of the pair rows.
+// expert_ids nullptr = expert 0 for every row; an id < 0 writes zeros.
+struct Lin4Args {
+  Fp4Weight w;
+  const uint8_t* x_codes = nullptr;
+  const float* x_scales = nullptr;
+  int64_t rows = 0;
+  const int32_t* expert_ids = nullptr;
+  int64_t x_row_div = 1;
+  float* y = nullptr;  // [rows][y_stride]
+  int64_t y_stride = 0;
+  bool round_bf16 = true;
+};
+// Dense linear over bf16 (LinBF16) or fp32 (LinF32) weights, in `groups` independent groups:
+// group g uses weight rows [g*out, (g+1)*out), input columns [g*in, ..) and output columns
+// [g*out, ..) (the grouped low-rank output); groups = 1 is a plain linear.
+enum class DenseType : int { BF16 = 0, F32 = 1 };
+struct DenseArgs {
+  const void* w = nullptr;  // [groups*out][in] bf16 bits or fp32
+  DenseType wt = DenseType::BF16;
+  int64_t in = 0, out = 0, groups = 1;
+  const float* x = nullptr;  // [m][x_stride]
+  int64_t x_stride = 0, m = 0;
+  float* y = nullptr;  // [m][y_stride]
+  int64_t y_stride = 0;
+  bool round_bf16 = true;
+};
+
+// ---- mHC ----------------------------------------------------------------------------------------
+// mix row layout per token: pre[hc], post[hc], comb[hc*hc] (comb[j*hc+k]: input j, output k).
+struct HcMixArgs {
+  const float* h = nullptr;  // [n][hc][dim]
+  int64_t n = 0, hc = 0, dim = 0;
+  const float* fn = nullptr;     // [(2+hc)*hc][hc*dim] fp32
+  const float* base = nullptr;   // [(2+hc)*hc]
+  const float* scale = nullptr;  // [3]
+  int64_t iters = 0;
+  float hc_eps = 0.0f, norm_eps = 0.0f;
+  float* mix = nullptr;  // [n][(2+hc)*hc]
+};
+struct HcCollapseArgs {
+  const float* h = nullptr;  // [n][hc][dim]
+  const float* w = nullptr;  // weights of token t at w + t*w_stride (hc values)
+  int64_t w_stride = 0;
+  int64_t n = 0, hc = 0, dim = 0;
+  float* out = nullptr;  // [n][dim]
+};
+struct HcExpandArgs {
+  const float* y = nullptr;  // [n][dim]
+  float* h = nullptr;        // [n][hc][dim], in place
+  const float* mix = nullptr;
+  int64_t n = 0, hc = 0, dim = 0;
+};
+
+// ---- MoE -----------------------------------------------------------------------------------------
+enum class Scoring : int { SqrtSoftplus = 0, Sigmoid = 1 };
+struct RouterArgs {
+  const float* x = nullptr;  // [n][dim]
+  int64_t n = 0, dim = 0;
+  const float* gate_w = nullptr;     // [E][dim] fp32
+  const float* gate_bias = nullptr;  // [E] (selection only)
+  int64_t n_experts = 0, top_k = 0;
+  Scoring scoring = Scoring::SqrtSoftplus;
+  float temp = 1.0f;
+  bool norm_topk = true;
+  float route_scale = 1.0f;
+  int32_t* ids = nullptr;  // [n][top_k] in selection order (largest biased score first)
+  float* weights = nullptr;  // [n][top_k]
+  float* scratch = nullptr;  // [n][2*E]: scores, biased scores
+};
+struct SwigluArgs {
+  const float* g = nullptr;  // [rows][inter] (bf16 values)
+  const float* u = nullptr;
+  int64_t rows = 0, inter = 0;
+  const float* row_weight = nullptr;  // [rows] routing weights, nullptr for the shared expert
+  float limit = 0.0f;                 // <= 0: no clamp
+  float* out = nullptr;               // [rows][inter] bf16 values; may alias g
+};
+struct MoeCombineArgs {
+  const float* routed = nullptr;  // [n*top_k][dim] expert outputs (bf16 values), pair order
+  const int32_t* ids = nullptr;   // [n][top_k]
+  int64_t n = 0, top_k = 0, dim = 0;
+  const float* shared = nullptr;  // [n][dim]
+  float* out = nullptr;           // [n][dim]
+};
+
+// ---- Engram --------------------------------------------------------------------------------------
+struct EngramDequantArgs {
+  const uint8_t* rows = nullptr;  // staged table rows [slots][row_bytes]: head_dim e4m3 + scales
+  int64_t row_bytes = 0;
+  const int32_t* slots = nullptr;  // [n_out] row slot of each output row
+  int64_t n_out = 0, head_dim = 0;
+  float* out = nullptr;  // [n_out][head_dim]
+};
+struct EngramGateArgs {
+  float* h = nullptr;          // [n][hc][dim], in place
+  const float* kv = nullptr;   // [n][(hc+1)*dim]: keys of the hc streams, then the value
+  const float* gate_w = nullptr;  // [hc][dim]
+  int64_t n = 0, hc = 0, dim = 0;
+  float eps = 0.0f, inv_sqrt_dim = 0.0f;
+};
+
+// ---- indexer, top-k, candidates ----------------------------------------------------------------------
+struct IndexerArgs {
+  const float* qi = nullptr;     // [n][heads][head_dim] (QDQ4a values)
+  const float* w = nullptr;      // [n][heads] (bf16 values, already scaled)
+  const uint16_t* keys = nullptr;  // [n_keys][head_dim] bf16
+  int64_t n_keys = 0;
+  int64_t n = 0, heads = 0, head_dim = 0;
+  int64_t T = 0, start = 0, ratio = 1;  // query t sees entries < (start+t+1)/ratio
+  float* scores = nullptr;  // [n][T]
+};
+// The k selected entries of each row, ascending; with ratio > 0 an index >= (pos0+r+1)/ratio
+// becomes -1 (the indexer's visibility rule).
+struct TopkArgs {
+  const float* values = nullptr;  // [rows][stride]
+  int64_t rows = 0, n = 0, stride = 0, k = 0;
+  int64_t pos0 = 0, ratio = 0;
+  int32_t* out = nullptr;  // [rows][k]
+};
+struct CandidateArgs {
+  const float* scores = nullptr;  // [n][T] of the candidate source
+  int64_t n = 0, T = 0, start = 0, ratio = 1, topk_blocks = 0, block_size = 0;
+  float* block_scores = nullptr;  // [n][ceil(T/block_size)] scratch
+  int32_t* block_sel = nullptr;   // [n][min(topk_blocks, nb)] scratch
+  uint8_t* keep = nullptr;        // [n][nb] result: block kept
+};
+struct CandidateMaskArgs {
+  float* scores = nullptr;  // [n][T], entries of dropped blocks set to -inf
+  const uint8_t* keep = nullptr;
+  int64_t n = 0, T = 0, width = 0, block_size = 0;  // width: T of the candidate source
+};
+
+// ---- attention ----------------------------------------------------------------------------------
+// List entry e of query t: e < 0 skipped; e < split -> row e of pool_a[t]; else row e-split of
+// pool_b[t]. Pools are bf16 rows of d values (window rows, compressed rows).
+struct SparseAttnArgs {
+  const float* q = nullptr;  // [n_q][heads][d]
+  const int32_t* list = nullptr;  // [n_q][list_len]
+  int64_t list_len = 0;
+  const uint16_t* const* pool_a = nullptr;  // [n_q] device pointers
+  const uint16_t* const* pool_b = nullptr;  // [n_q] device pointers (may hold nullptrs if unused)
+  int64_t split = 0;
+  const float* sink = nullptr;  // [heads]
+  float scale = 1.0f;
+  int64_t n_q = 0, heads = 0, d = 0;
+  float* out = nullptr;  // [n_q][heads][d] bf16 values
+};
+
+// ---- compressor ----------------------------------------------------------------------------------
+// Ratio > 1: carries (kv, score) per slot across calls and emits the softmax-pooled bf16 group for
+// every position p with (p+1) % ratio == 0, in order.
+struct CompressPoolArgs {
+  const float* av = nullptr;  // [n][hd] fp32 LinF32 outputs
+  const float* gv = nullptr;
+  float* carry_kv = nullptr;     // [ratio][hd] state
+  float* carry_score = nullptr;  // [ratio][hd] state
+  int64_t n = 0, start = 0, ratio = 2, hd = 0;
+  float* pooled = nullptr;  // [groups][hd]
+};
+struct StoreBf16Args {
+  const float* x = nullptr;  // [rows][x_stride]
+  int64_t rows = 0, cols = 0, x_stride = 0;
+  uint16_t* dst = nullptr;  // [rows][dst_stride]
+  int64_t dst_stride = 0;
+};
+
+// ---- attention index lists (MODEL.md §5.4 window list) -----------------------------------------
+// Decode (one query per sequence at position p): the ring slots oldest first, (p%win)+1 .. win-1,
+// 0 .. p%win, a slot > p is -1 (pool_a = the ring with the current row already written).
+// Prefill/chunk: for the query at position p the absolute positions max(0, p-win+1) + j,
+// j < win_len (= min(layout_end, win)), a position > p is -1; entry = position - pos_base (pool_a =
+// the staged window of stage_window). Then the top-k tail: entry e -> e + split (pool_b =
+// compressed rows), -1 stays, e >= n_entries -> -1. split bounds the window entries: win for
+// decode, the staged row count (start - pos_base + n) for prefill; pass the same to sparse_attention.
+struct AttnListArgs {
+  int32_t* list = nullptr;  // [n][list_len], list_len = win_len + topk_len
+  int64_t n = 0, win = 0, win_len = 0;
+  bool decode = false;
+  const int64_t* positions = nullptr;  // [n] query positions; nullptr: start + t
+  int64_t start = 0, pos_base = 0, split = 0;
+  const int32_t* topk = nullptr;  // [n][topk_len] or nullptr
+  int64_t topk_len = 0, n_entries = 0;
+};
+// Window rows of a chunk at positions start .. start+n-1 for the prefill list layout: rows for
+// positions pos_base .. start-1 come from the ring (slot = pos % win), then the chunk's rows;
+// pos_base = max(0, start - win + 1).
+struct StageWindowArgs {
+  const uint16_t* ring = nullptr;  // [win][d]
+  const uint16_t* kv = nullptr;    // [n][d] the chunk's window rows
+  int64_t start = 0, n = 0, win = 0, d = 0;
+  uint16_t* out = nullptr;  // [(start - pos_base) + n][d]
+};
+
+// ---- embedding, greedy head ----------------------------------------------------------------------
+struct EmbedArgs {
+  const uint16_t* table = nullptr;  // [vocab][dim] bf16
+  int64_t vocab = 0, dim = 0, hc = 1;
+  const int32_t* tokens = nullptr;  // [n]; an id outside the vocabulary yields NaN rows
+  int64_t n = 0;
+  float* out = nullptr;  // [n][hc][dim]: the row copied into every stream
+};
+struct ArgmaxArgs {
+  const float* x = nullptr;  // [rows][n]
+  int64_t rows = 0, n = 0;
+  int32_t* out = nullptr;  // [rows]: first index of the maximum (NaN counts as the maximum)
+};
+
+// ---- elementwise ----------------------------------------------------------------------------------
+// x[r][c] <- bf16(x[r][c] · scale) for c < cols (the indexer's head weights).
+struct ScaleRoundArgs {
+  float* x = nullptr;  // [rows][stride], in place
+  int64_t rows = 0, cols = 0, stride = 0;
+  float scale = 1.0f;
+};
+
+// dst[i] <- value for i < n (sparse attention's per-query pool pointers).
+struct FillPointersArgs {
+  const uint16_t** dst = nullptr;  // [n] device array
+  int64_t n = 0;
+  const uint16_t* value = nullptr;  // any device pointer (or nullptr)
+};
+
+namespace raw {
+cudaError_t scale_round(const ScaleRoundArgs& a, cudaStream_t s);
+cudaError_t fill_pointers(const FillPointersArgs& a, cudaStream_t s);
+cudaError_t attn_lists(const AttnListArgs& a, cudaStream_t s);
+cudaError_t stage_window(const StageWindowArgs& a, cudaStream_t s);
+cudaError_t embed(const EmbedArgs& a, cudaStream_t s);
+cudaError_t argmax(const ArgmaxArgs& a, cudaStream_t s);
+cudaError_t rms_norm(const RmsNormArgs& a, cudaStream_t s);
+cudaError_t rope(const RopeArgs& a, cudaStream_t s);
+cudaError_t qdq(const QdqArgs& a, cudaStream_t s);
+cudaError_t act_quant8(const ActQuantArgs& a, cudaStream_t s);
+cudaError_t lin8(const Lin8Args& a, cudaStream_t s);
+cudaError_t lin4(const Lin4Args& a, cudaStream_t s);
+cudaError_t lin_dense(const DenseArgs& a, cudaStream_t s);
+cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s);
+cudaError_t hc_collapse(const HcCollapseArgs& a, cudaStream_t s);
+cudaError_t hc_expand(const HcExpandArgs& a, cudaStream_t s);
+cudaError_t router(const RouterArgs& a, cudaStream_t s);
+cudaError_t swiglu(const SwigluArgs& a, cudaStream_t s);
+cudaError_t moe_combine(const MoeCombineArgs& a, cudaStream_t s);
+cudaError_t engram_dequant(const EngramDequantArgs& a, cudaStream_t s);
+cudaError_t engram_gate(const EngramGateArgs& a, cudaStream_t s);
+cudaError_t indexer_scores(const IndexerArgs& a, cudaStream_t s);
+cudaError_t topk_sorted(const TopkArgs& a, cudaStream_t s);
+cudaError_t candidate_blocks(const CandidateArgs& a, cudaStream_t s);
+cudaError_t candidate_mask(const CandidateMaskArgs& a, cudaStream_t s);
+cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s);
+cudaError_t compress_pool(const CompressPoolArgs& a, cudaStream_t s);
+cudaError_t store_bf16(const StoreBf16Args& a, cudaStream_t s);
+}  // namespace raw
+
+}  // namespace dsv41::ops::gpu

@@ -1,0 +1,82 @@
+// Activation quantisation (ActQuant8) and the quantise-dequantise steps QDQ8 / QDQ4a / QDQ4b of
+// MODEL.md §4: one warp per 32-value block (a half-warp pair of 16-blocks for QDQ4b); amax by warp
+// max, scales by the reference's bit trick, so codes and scales are exact.
+#include "ops/ops_common.cuh"
+#include "ops/ops_launch.h"
+
+namespace dsv41::ops::gpu {
+namespace {
+
+constexpr float kFp8MaxInv = static_cast<float>(1.0 / 448.0);
+constexpr float kFp4MaxInv = static_cast<float>(1.0 / 6.0);
+
+__device__ __forceinline__ float half_warp_max(float v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(dev::kFull, v, o));
+  return v;
+}
+
+// One warp per 32-block; grid-stride over (row, block).
+__global__ void act_quant8_kernel(ActQuantArgs a) {
+  const int64_t nb = a.k / 32, total = a.rows * nb;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t wi = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; wi < total; wi += warps) {
+    const int64_t r = wi / nb, b = wi % nb;
+    const float x = a.x[r * a.x_stride + b * 32 + lane];
+    const float amax = fmaxf(dev::warp_max(fabsf(x)), 1e-4f);
+    const float sc = dev::pow2_ceil_scale(amax, kFp8MaxInv);
+    const float code = dev::e4m3_round(dev::clampf(__fdiv_rn(x, sc), -448.0f, 448.0f));
+    a.codes[r * a.k + b * 32 + lane] = dev::e4m3_bits(code);
+    if (lane == 0) a.scales[r * nb + b] = sc;
+  }
+}
+
+__global__ void qdq_kernel(QdqArgs a) {
+  const int64_t nb = a.k / 32, total = a.rows * nb;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t wi = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; wi < total; wi += warps) {
+    const int64_t r = wi / nb, b = wi % nb;
+    float* p = a.x + r * a.stride + b * 32 + lane;
+    const float x = *p;
+    float out;
+    if (a.kind == QdqKind::Q8) {
+      const float amax = fmaxf(dev::warp_max(fabsf(x)), 1e-4f);
+      const float sc = dev::pow2_ceil_scale(amax, kFp8MaxInv);
+      out = __fmul_rn(dev::e4m3_round(dev::clampf(__fdiv_rn(x, sc), -448.0f, 448.0f)), sc);
+    } else if (a.kind == QdqKind::Q4a) {
+      const float amax = fmaxf(dev::warp_max(fabsf(x)), 6.0f * 0x1p-126f);
+      const float sc = dev::pow2_ceil_scale(amax, kFp4MaxInv);
+      out = __fmul_rn(dev::e2m1_round(dev::clampf(__fdiv_rn(x, sc), -6.0f, 6.0f)), sc);
+    } else {
+      // blocks of 16: each half-warp is one block; the reference divides by the constant 6
+      const float amax = fmaxf(half_warp_max(fabsf(x)), 6.0f * 0x1p-9f);
+      const float sc = dev::e4m3_round(__fdiv_rn(amax, 6.0f));
+      out = __fmul_rn(dev::e2m1_round(dev::clampf(__fdiv_rn(x, sc), -6.0f, 6.0f)), sc);
+    }
+    *p = dev::bf16_round(out);
+  }
+}
+
+unsigned grid_for(int64_t warps_needed) {
+  const int64_t blocks = (warps_needed + 7) / 8;
+  return static_cast<unsigned>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
+}
+
+}  // namespace
+
+namespace raw {
+cudaError_t act_quant8(const ActQuantArgs& a, cudaStream_t s) {
+  if (a.rows == 0) return cudaSuccess;
+  act_quant8_kernel<<<grid_for(a.rows * (a.k / 32)), 256, 0, s>>>(a);
+  return cudaGetLastError();
+}
+cudaError_t qdq(const QdqArgs& a, cudaStream_t s) {
+  if (a.rows == 0) return cudaSuccess;
+  qdq_kernel<<<grid_for(a.rows * (a.k / 32)), 256, 0, s>>>(a);
+  return cudaGetLastError();
+}
+}  // namespace raw
+
+}  // namespace dsv41::ops::gpu

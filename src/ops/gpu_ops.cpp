@@ -1,0 +1,242 @@
+// Argument validation for the non-EXL3 CUDA ops: everything a caller can get wrong is checked
+// here (shapes, pointers, alignment, kernel limits), so the raw launchers can trust their input.
+#include "dsv41/ops/gpu_ops.h"
+
+#if DSV41_HAS_CUDA
+#include <cstdint>
+
+#include "dsv41/common/error.h"
+#include "dsv41/ops/gpu_buffer.h"
+
+namespace dsv41::ops::gpu {
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void launched(cudaError_t e, const char* what) { check_cuda(e, what); }
+
+}  // namespace
+
+void rms_norm(const RmsNormArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.rows >= 0 && a.d > 0, "rms_norm: rows={} d={}", a.rows, a.d);
+  DSV_CHECK(a.rows == 0 || (a.x && a.w && a.out), "rms_norm: x, w and out must be device pointers");
+  DSV_CHECK(a.x_stride >= a.d && a.out_stride >= a.d, "rms_norm: strides {} / {} below d={}", a.x_stride,
+            a.out_stride, a.d);
+  launched(raw::rms_norm(a, s), "rms_norm launch");
+}
+
+void rope(const RopeArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.rope_dim > 0 && a.rope_dim % 2 == 0, "rope: rope_dim={} must be even and positive", a.rope_dim);
+  DSV_CHECK(a.rows >= 0 && a.vecs >= 1, "rope: rows={} vecs={}", a.rows, a.vecs);
+  DSV_CHECK(a.rows == 0 || (a.v && a.freqs), "rope: v and freqs must be device pointers");
+  launched(raw::rope(a, s), "rope launch");
+}
+
+void qdq(const QdqArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.k > 0 && a.k % 32 == 0, "qdq: k={} must be a positive multiple of 32", a.k);
+  DSV_CHECK(a.rows >= 0 && a.stride >= a.k, "qdq: rows={} stride={} k={}", a.rows, a.stride, a.k);
+  DSV_CHECK(a.rows == 0 || a.x, "qdq: x must be a device pointer");
+  launched(raw::qdq(a, s), "qdq launch");
+}
+
+void act_quant8(const ActQuantArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.k > 0 && a.k % 32 == 0, "act_quant8: k={} must be a positive multiple of 32", a.k);
+  DSV_CHECK(a.rows >= 0 && a.x_stride >= a.k, "act_quant8: rows={} x_stride={} k={}", a.rows, a.x_stride, a.k);
+  DSV_CHECK(a.rows == 0 || (a.x && a.codes && a.scales), "act_quant8: x, codes and scales must be device pointers");
+  launched(raw::act_quant8(a, s), "act_quant8 launch");
+}
+
+void lin8(const Lin8Args& a, cudaStream_t s) {
+  DSV_CHECK(a.w.in > 0 && a.w.in % 32 == 0 && a.w.out > 0, "lin8: in={} (multiple of 32) out={}", a.w.in, a.w.out);
+  DSV_CHECK(a.m >= 0 && a.y_stride >= a.w.out, "lin8: m={} y_stride={} out={}", a.m, a.y_stride, a.w.out);
+  DSV_CHECK(a.w.codes && a.w.scales && (a.m == 0 || (a.x_codes && a.x_scales && a.y)),
+            "lin8: weight, activation and output pointers must be set");
+  DSV_CHECK(aligned16(a.w.codes) && (a.m == 0 || aligned16(a.x_codes)), "lin8: codes must be 16-byte aligned");
+  launched(raw::lin8(a, s), "lin8 launch");
+}
+
+void lin4(const Lin4Args& a, cudaStream_t s) {
+  DSV_CHECK(a.w.in > 0 && a.w.in % 32 == 0 && a.w.out > 0 && a.w.n_experts >= 1,
+            "lin4: in={} (multiple of 32) out={} experts={}", a.w.in, a.w.out, a.w.n_experts);
+  DSV_CHECK(a.rows >= 0 && a.x_row_div >= 1 && a.y_stride >= a.w.out, "lin4: rows={} x_row_div={} y_stride={}",
+            a.rows, a.x_row_div, a.y_stride);
+  DSV_CHECK(a.w.packed && a.w.scales && (a.rows == 0 || (a.x_codes && a.x_scales && a.y)),
+            "lin4: weight, activation and output pointers must be set");
+  DSV_CHECK(aligned16(a.w.packed) && (a.rows == 0 || aligned16(a.x_codes)), "lin4: codes must be 16-byte aligned");
+  launched(raw::lin4(a, s), "lin4 launch");
+}
+
+void lin_dense(const DenseArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.in > 0 && a.out > 0 && a.groups >= 1 && a.groups <= 65535, "lin_dense: in={} out={} groups={}", a.in,
+            a.out, a.groups);
+  DSV_CHECK(a.m >= 0 && a.x_stride >= a.in * a.groups && a.y_stride >= a.out * a.groups,
+            "lin_dense: m={} x_stride={} y_stride={} for {} groups of {}x{}", a.m, a.x_stride, a.y_stride, a.groups,
+            a.in, a.out);
+  DSV_CHECK(a.w && (a.m == 0 || (a.x && a.y)), "lin_dense: w, x and y must be device pointers");
+  launched(raw::lin_dense(a, s), "lin_dense launch");
+}
+
+void hc_mix(const HcMixArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.hc >= 1 && a.hc <= 16 && a.dim > 0 && a.n >= 0 && a.iters >= 1, "hc_mix: hc={} (1..16) dim={} iters={}",
+            a.hc, a.dim, a.iters);
+  DSV_CHECK(a.n == 0 || (a.h && a.fn && a.base && a.scale && a.mix), "hc_mix: all pointers must be set");
+  launched(raw::hc_mix(a, s), "hc_mix launch");
+}
+
+void hc_collapse(const HcCollapseArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.hc >= 1 && a.hc <= 16 && a.dim > 0 && a.n >= 0, "hc_collapse: hc={} dim={}", a.hc, a.dim);
+  DSV_CHECK(a.n == 0 || (a.h && a.w && a.out), "hc_collapse: h, w and out must be device pointers");
+  launched(raw::hc_collapse(a, s), "hc_collapse launch");
+}
+
+void hc_expand(const HcExpandArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.hc >= 1 && a.hc <= 16 && a.dim > 0 && a.n >= 0, "hc_expand: hc={} dim={}", a.hc, a.dim);
+  DSV_CHECK(a.n == 0 || (a.h && a.y && a.mix), "hc_expand: h, y and mix must be device pointers");
+  launched(raw::hc_expand(a, s), "hc_expand launch");
+}
+
+void router(const RouterArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.n_experts >= 1 && a.n_experts <= 1024, "router: n_experts={} outside 1..1024", a.n_experts);
+  DSV_CHECK(a.top_k >= 1 && a.top_k <= 32 && a.top_k <= a.n_experts, "router: top_k={} outside 1..min(32, {})",
+            a.top_k, a.n_experts);
+  DSV_CHECK(a.dim > 0 && a.n >= 0 && a.temp > 0.0f, "router: dim={} n={} temp={}", a.dim, a.n, a.temp);
+  DSV_CHECK(a.n == 0 || (a.x && a.gate_w && a.gate_bias && a.ids && a.weights && a.scratch),
+            "router: x, gate_w, gate_bias, ids, weights and scratch must be device pointers");
+  launched(raw::router(a, s), "router launch");
+}
+
+void swiglu(const SwigluArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.rows >= 0 && a.inter > 0, "swiglu: rows={} inter={}", a.rows, a.inter);
+  DSV_CHECK(a.rows == 0 || (a.g && a.u && a.out), "swiglu: g, u and out must be device pointers");
+  launched(raw::swiglu(a, s), "swiglu launch");
+}
+
+void moe_combine(const MoeCombineArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.n >= 0 && a.top_k >= 1 && a.dim > 0, "moe_combine: n={} top_k={} dim={}", a.n, a.top_k, a.dim);
+  DSV_CHECK(a.n == 0 || (a.routed && a.ids && a.shared && a.out), "moe_combine: all pointers must be set");
+  launched(raw::moe_combine(a, s), "moe_combine launch");
+}
+
+void engram_dequant(const EngramDequantArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.head_dim > 0 && a.row_bytes >= a.head_dim + (a.head_dim + 31) / 32,
+            "engram_dequant: row_bytes={} too small for head_dim={}", a.row_bytes, a.head_dim);
+  DSV_CHECK(a.n_out == 0 || (a.rows && a.slots && a.out), "engram_dequant: rows, slots and out must be set");
+  launched(raw::engram_dequant(a, s), "engram_dequant launch");
+}
+
+void engram_gate(const EngramGateArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.hc >= 1 && a.hc <= 65535 && a.dim > 0 && a.n >= 0, "engram_gate: hc={} dim={}", a.hc, a.dim);
+  DSV_CHECK(a.n == 0 || (a.h && a.kv && a.gate_w), "engram_gate: h, kv and gate_w must be device pointers");
+  launched(raw::engram_gate(a, s), "engram_gate launch");
+}
+
+void indexer_scores(const IndexerArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.heads >= 1 && a.heads <= 128 && a.head_dim > 0, "indexer_scores: heads={} (1..128) head_dim={}", a.heads,
+            a.head_dim);
+  DSV_CHECK(a.ratio >= 1 && a.T >= 0 && a.n >= 0 && a.n_keys >= 0 && a.start >= 0,
+            "indexer_scores: ratio={} T={} n={} n_keys={} start={}", a.ratio, a.T, a.n, a.n_keys, a.start);
+  DSV_CHECK(a.n == 0 || a.T == 0 || (a.qi && a.w && a.scores && (a.n_keys == 0 || a.keys)),
+            "indexer_scores: qi, w, keys and scores must be device pointers");
+  launched(raw::indexer_scores(a, s), "indexer_scores launch");
+}
+
+void topk_sorted(const TopkArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.rows >= 0 && a.n >= 0 && a.stride >= a.n && a.k >= 0 && a.k <= a.n, "topk_sorted: rows={} n={} k={} stride={}",
+            a.rows, a.n, a.k, a.stride);
+  DSV_CHECK(a.ratio >= 0 && a.n < (int64_t{1} << 31), "topk_sorted: ratio={} n={}", a.ratio, a.n);
+  DSV_CHECK(a.rows == 0 || a.k == 0 || (a.values && a.out), "topk_sorted: values and out must be device pointers");
+  launched(raw::topk_sorted(a, s), "topk_sorted launch");
+}
+
+void candidate_blocks(const CandidateArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.block_size >= 1 && a.topk_blocks >= 1 && a.ratio >= 1, "candidate_blocks: block_size={} topk_blocks={} ratio={}",
+            a.block_size, a.topk_blocks, a.ratio);
+  DSV_CHECK(a.n == 0 || a.T == 0 || (a.scores && a.block_scores && a.block_sel && a.keep),
+            "candidate_blocks: all pointers must be set");
+  launched(raw::candidate_blocks(a, s), "candidate_blocks launch");
+}
+
+void candidate_mask(const CandidateMaskArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.block_size >= 1 && a.T >= 0 && a.width >= 0, "candidate_mask: block_size={} T={} width={}", a.block_size,
+            a.T, a.width);
+  DSV_CHECK(a.n == 0 || a.T == 0 || a.width == 0 || (a.scores && a.keep), "candidate_mask: scores and keep must be set");
+  launched(raw::candidate_mask(a, s), "candidate_mask launch");
+}
+
+namespace {
+void check_attn(const SparseAttnArgs& a) {
+  DSV_CHECK(a.d > 0 && a.d <= 512 && a.d % 8 == 0, "sparse_attention: d={} must be a multiple of 8 up to 512", a.d);
+  DSV_CHECK(a.heads >= 1 && a.n_q >= 0 && a.list_len >= 0 && a.split >= 0, "sparse_attention: heads={} n_q={} list_len={}",
+            a.heads, a.n_q, a.list_len);
+  DSV_CHECK(a.n_q == 0 || (a.q && a.list && a.pool_a && a.sink && a.out),
+            "sparse_attention: q, list, pool_a, sink and out must be device pointers");
+}
+}  // namespace
+
+void sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t s) {
+  check_attn(a);
+  launched(raw::sparse_attention(a, 1, s), "sparse_attention_decode launch");
+}
+
+void sparse_attention_prefill(const SparseAttnArgs& a, cudaStream_t s) {
+  check_attn(a);
+  launched(raw::sparse_attention(a, kPrefillHeads, s), "sparse_attention_prefill launch");
+}
+
+void attn_lists(const AttnListArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.n >= 0 && a.win >= 1 && a.win_len >= 0 && a.topk_len >= 0 && a.start >= 0 && a.pos_base >= 0,
+            "attn_lists: n={} win={} win_len={} topk_len={} start={}", a.n, a.win, a.win_len, a.topk_len, a.start);
+  DSV_CHECK(!a.decode || a.win_len == a.win, "attn_lists: a decode list holds all {} ring slots, not {}", a.win, a.win_len);
+  DSV_CHECK(a.split >= a.win_len && a.split + a.n_entries < (int64_t{1} << 31), "attn_lists: split={} below win_len={}",
+            a.split, a.win_len);
+  DSV_CHECK(a.n == 0 || (a.list && (a.topk_len == 0 || a.topk)), "attn_lists: list and topk must be device pointers");
+  launched(raw::attn_lists(a, s), "attn_lists launch");
+}
+
+void stage_window(const StageWindowArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.win >= 1 && a.d > 0 && a.n >= 0 && a.start >= 0, "stage_window: win={} d={} n={} start={}", a.win, a.d,
+            a.n, a.start);
+  DSV_CHECK(a.out && (a.n == 0 || a.kv) && (a.start == 0 || a.ring), "stage_window: ring, kv and out must be set");
+  launched(raw::stage_window(a, s), "stage_window launch");
+}
+
+void embed(const EmbedArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.vocab > 0 && a.dim > 0 && a.hc >= 1 && a.n >= 0, "embed: vocab={} dim={} hc={} n={}", a.vocab, a.dim,
+            a.hc, a.n);
+  DSV_CHECK(a.n == 0 || (a.table && a.tokens && a.out), "embed: table, tokens and out must be device pointers");
+  launched(raw::embed(a, s), "embed launch");
+}
+
+void argmax(const ArgmaxArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.rows >= 0 && a.n >= 1 && a.n < (int64_t{1} << 31), "argmax: rows={} n={}", a.rows, a.n);
+  DSV_CHECK(a.rows == 0 || (a.x && a.out), "argmax: x and out must be device pointers");
+  launched(raw::argmax(a, s), "argmax launch");
+}
+
+void compress_pool(const CompressPoolArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.ratio >= 2 && a.ratio <= 16 && a.hd > 0 && a.n >= 0 && a.start >= 0, "compress_pool: ratio={} (2..16) hd={}",
+            a.ratio, a.hd);
+  DSV_CHECK(a.n == 0 || (a.av && a.gv && a.carry_kv && a.carry_score && a.pooled), "compress_pool: all pointers must be set");
+  launched(raw::compress_pool(a, s), "compress_pool launch");
+}
+
+void store_bf16(const StoreBf16Args& a, cudaStream_t s) {
+  DSV_CHECK(a.rows >= 0 && a.cols >= 0 && a.x_stride >= a.cols && a.dst_stride >= a.cols, "store_bf16: bad shape");
+  DSV_CHECK(a.rows == 0 || a.cols == 0 || (a.x && a.dst), "store_bf16: x and dst must be device pointers");
+  launched(raw::store_bf16(a, s), "store_bf16 launch");
+}
+
+void scale_round(const ScaleRoundArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.rows >= 0 && a.cols >= 0 && a.stride >= a.cols, "scale_round: rows={} cols={} stride={}", a.rows, a.cols,
+            a.stride);
+  DSV_CHECK(a.rows == 0 || a.cols == 0 || a.x, "scale_round: x must be a device pointer");
+  launched(raw::scale_round(a, s), "scale_round launch");
+}
+
+void fill_pointers(const FillPointersArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.n >= 0 && (a.n == 0 || a.dst), "fill_pointers: n={} needs a device array", a.n);
+  launched(raw::fill_pointers(a, s), "fill_pointers launch");
+}
+
+}  // namespace dsv41::ops::gpu
+#endif

@@ -1,0 +1,280 @@
+// Rank 0's tensor-parallel model: wraps the local CpuModel share, and before every collective
+// step sends the step's plan so the workers run the same operations on their mirrored states.
+#include <spdlog/spdlog.h>
+
+#include "dist/tp_head.h"
+#include "dsv41/dist/tp_runtime.h"
+
+namespace dsv41::dist {
+namespace {
+
+PlanOp seq_op(OpKind kind, uint64_t seq, uint64_t seq2 = 0) {
+  PlanOp op;
+  op.kind = kind;
+  op.seq = seq;
+  op.seq2 = seq2;
+  return op;
+}
+
+// Ops that change worker-side sequences outside forward (free, clone, restore) wait here for the
+// next plan; they are dropped when the epoch changes (the workers' states are gone then).
+struct PendingOps {
+  std::mutex mu;
+  uint64_t epoch = 0;
+  std::vector<PlanOp> ops;
+};
+
+struct TpSeqState final : SeqState {
+  std::unique_ptr<SeqState> local;
+  uint64_t id = 0;
+  bool remote = false;  // created on the workers (in `epoch`)
+  uint64_t epoch = 0;
+  std::shared_ptr<PendingOps> pending;
+  ~TpSeqState() override {
+    if (!remote || !pending) return;
+    std::lock_guard lk(pending->mu);
+    if (pending->epoch == epoch) pending->ops.push_back(seq_op(OpKind::free_seq, id));
+  }
+};
+
+TpSeqState& tp_state(SeqState& s) {
+  auto* p = dynamic_cast<TpSeqState*>(&s);
+  DSV_CHECK(p != nullptr, "sequence state does not belong to the tensor-parallel model");
+  return *p;
+}
+const TpSeqState& tp_state(const SeqState& s) { return tp_state(const_cast<SeqState&>(s)); }
+
+}  // namespace
+
+struct TpModel::Impl {
+  TpHeadOptions opt;
+  std::shared_ptr<TcpCollective> tcp;
+  std::unique_ptr<model::CpuModel> cpu;
+  std::shared_ptr<PendingOps> pending = std::make_shared<PendingOps>();
+  std::mutex exec_mu;  // one step at a time
+  mutable std::atomic<uint64_t> next_id{1};
+  uint64_t step = 0;
+  std::unique_ptr<TpHead> head;  // last: destroyed first (tells the workers before the model goes)
+
+  std::unique_ptr<SeqState> wrap(std::unique_ptr<SeqState> local) const {
+    auto s = std::make_unique<TpSeqState>();
+    s->local = std::move(local);
+    s->id = next_id++;
+    s->pending = pending;
+    return s;
+  }
+
+  // Starts a step: a usable epoch (or RankLost), every sequence of the step from this epoch (or
+  // TpUnavailable, before anything is consumed), then the queued ops (stale ones dropped).
+  Plan begin_step(std::span<const TpSeqState* const> seqs) {
+    const uint64_t ep = head->ensure_epoch();
+    for (const TpSeqState* s : seqs)
+      if (s->remote && s->epoch != ep)
+        throw TpUnavailable(fmt::format(
+            "tensor-parallel worker restarted: this sequence was started before it rejoined (epoch {}, now {}) and "
+            "its state on that rank is gone; retry the request",
+            s->epoch, ep));
+    Plan p;
+    p.step = ++step;
+    std::lock_guard lk(pending->mu);
+    if (pending->epoch != ep) {
+      pending->ops.clear();
+      pending->epoch = ep;
+    }
+    p.ops = std::move(pending->ops);
+    pending->ops.clear();
+    return p;
+  }
+
+  // Makes sure `s` exists on the workers in the current epoch (adds NEW to the plan if needed).
+  void join(TpSeqState& s, Plan& p) {
+    const uint64_t ep = head->epoch();
+    DSV_ASSERT(!s.remote || s.epoch == ep, "sequence {} from epoch {} in epoch {}", s.id, s.epoch, ep);
+    if (!s.remote) {
+      DSV_CHECK(s.local->n_past == 0, "sequence {} has {} tokens on rank 0 but none on the workers", s.id,
+                s.local->n_past);
+      p.ops.push_back(seq_op(OpKind::new_seq, s.id));
+      s.remote = true;
+      s.epoch = ep;
+    }
+  }
+
+  void check_tokens(const SeqState& st, std::span<const int32_t> tokens) const {
+    const ModelConfig& c = cpu->config();
+    DSV_CHECK(!tokens.empty(), "forward: no tokens");
+    for (size_t i = 0; i < tokens.size(); ++i)
+      DSV_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size,
+                "token id {} at position {} is outside the vocabulary [0, {})", tokens[i],
+                st.n_past + static_cast<int64_t>(i), c.vocab_size);
+    DSV_CHECK(st.n_past + static_cast<int64_t>(tokens.size()) <= c.max_position_embeddings,
+              "sequence of {} tokens exceeds the configured context (max_position_embeddings = {})",
+              st.n_past + static_cast<int64_t>(tokens.size()), c.max_position_embeddings);
+  }
+
+  // Runs the local side of a plan already sent; any failure other than a lost rank leaves the
+  // workers out of step, so the epoch is abandoned (they rejoin).
+  template <class F>
+  auto run_local(F&& f) {
+    try {
+      return f();
+    } catch (const RankLost&) {
+      throw;
+    } catch (const std::exception& e) {
+      head->break_epoch(0, e.what());
+      throw;
+    }
+  }
+
+  void forward_items(std::span<ForwardItem> batch, model::BlockDump* dump) {
+    std::lock_guard lk(exec_mu);
+    for (ForwardItem& it : batch) {
+      DSV_CHECK(it.state != nullptr, "forward: item without a sequence state");
+      check_tokens(*it.state, it.tokens);
+    }
+    std::vector<const TpSeqState*> seqs;
+    for (ForwardItem& it : batch) seqs.push_back(&tp_state(*it.state));
+    Plan p = begin_step(seqs);
+    for (ForwardItem& it : batch) {
+      TpSeqState& s = tp_state(*it.state);
+      join(s, p);
+      PlanOp op;
+      op.kind = OpKind::forward;
+      op.seq = s.id;
+      op.n_past = s.n_past;
+      op.prompt_len = s.prompt_len;
+      op.all_logits = it.all_logits;
+      op.want_logits = it.logits != nullptr;
+      op.tokens.assign(it.tokens.begin(), it.tokens.end());
+      p.ops.push_back(std::move(op));
+    }
+    head->send_plan(p);
+    run_local([&] {
+      for (ForwardItem& it : batch) {
+        TpSeqState& s = tp_state(*it.state);
+        s.local->prompt_len = s.prompt_len;
+        cpu->forward_sequence(*s.local, it.tokens, it.all_logits, it.logits, dump);
+        s.n_past = s.local->n_past;
+      }
+      return 0;
+    });
+  }
+};
+
+TpModel::TpModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TpModel::~TpModel() {
+  if (impl_) impl_->head.reset();
+}
+
+std::unique_ptr<TpModel> TpModel::start(const TpHeadOptions& o, model::CpuModelOptions mo) {
+  DSV_CHECK(o.world_size >= 2, "tensor parallel needs --world-size >= 2");
+  auto impl = std::make_unique<Impl>();
+  impl->opt = o;
+  const Identity id = compute_identity(o.model_dir, mo.engram_token_map);
+  impl->tcp = std::make_shared<TcpCollective>(0, o.world_size);
+  impl->head = std::make_unique<TpHead>(o, id, impl->tcp);
+  mo.tp = impl->tcp;
+  mo.dspark = o.run.dspark;
+  mo.corrected_index_keys = o.run.corrected_index_keys;
+  impl->cpu = model::CpuModel::load(o.model_dir, mo);
+  return std::unique_ptr<TpModel>(new TpModel(std::move(impl)));
+}
+
+void TpModel::wait_for_workers(double timeout_s) { impl_->head->wait_ready(timeout_s); }
+std::string TpModel::unavailable_reason() const { return impl_->head->unavailable_reason(); }
+const ModelConfig& TpModel::config() const { return impl_->cpu->config(); }
+bool TpModel::has_dspark() const { return impl_->cpu->has_dspark(); }
+
+std::unique_ptr<SeqState> TpModel::new_sequence() const { return impl_->wrap(impl_->cpu->new_sequence()); }
+
+std::unique_ptr<SeqState> TpModel::new_sequence(std::pmr::memory_resource& memory, int64_t capacity_tokens) const {
+  return impl_->wrap(impl_->cpu->new_sequence(memory, capacity_tokens));
+}
+
+void TpModel::reserve_sequence(SeqState& state, int64_t capacity_tokens) const {
+  impl_->cpu->reserve_sequence(*tp_state(state).local, capacity_tokens);
+}
+
+int64_t TpModel::state_bytes(int64_t capacity_tokens) const { return impl_->cpu->state_bytes(capacity_tokens); }
+
+void TpModel::forward(std::span<ForwardItem> batch) { impl_->forward_items(batch, nullptr); }
+
+void TpModel::forward_sequence(SeqState& state, std::span<const int32_t> tokens, bool all_logits,
+                               std::vector<float>* logits, model::BlockDump* dump) {
+  ForwardItem it;
+  it.state = &state;
+  it.tokens = tokens;
+  it.all_logits = all_logits;
+  it.logits = logits;
+  impl_->forward_items(std::span<ForwardItem>(&it, 1), dump);
+}
+
+model::DsparkDraft TpModel::dspark_draft(const SeqState& state, int32_t anchor) {
+  Impl& m = *impl_;
+  std::lock_guard lk(m.exec_mu);
+  TpSeqState& s = tp_state(const_cast<SeqState&>(state));
+  const ModelConfig& c = m.cpu->config();
+  DSV_CHECK(m.cpu->has_dspark(), "this model was loaded without DSpark stages");
+  DSV_CHECK(s.local->n_past > 0, "DSpark needs at least one processed position");
+  DSV_CHECK(anchor >= 0 && anchor < c.vocab_size, "DSpark anchor token {} outside the vocabulary", anchor);
+  const TpSeqState* seqs[] = {&s};
+  Plan p = m.begin_step(seqs);
+  m.join(s, p);
+  PlanOp op;
+  op.kind = OpKind::draft;
+  op.seq = s.id;
+  op.n_past = s.local->n_past;
+  op.anchor = anchor;
+  p.ops.push_back(std::move(op));
+  m.head->send_plan(p);
+  return m.run_local([&] { return m.cpu->dspark_draft(*s.local, anchor); });
+}
+
+std::unique_ptr<SeqState> TpModel::clone_state(const SeqState& src_state) {
+  Impl& m = *impl_;
+  const TpSeqState& src = tp_state(src_state);
+  auto out = m.wrap(m.cpu->clone_state(*src.local));
+  TpSeqState& dst = tp_state(*out);
+  dst.n_past = src.n_past;
+  dst.prompt_len = src.prompt_len;
+  if (src.remote) {
+    std::lock_guard lk(m.pending->mu);
+    if (m.pending->epoch == src.epoch) {
+      m.pending->ops.push_back(seq_op(OpKind::clone, src.id, dst.id));
+      dst.remote = true;
+      dst.epoch = src.epoch;
+    } else {
+      dst.remote = true;  // as stale as its source: using it fails cleanly
+      dst.epoch = src.epoch;
+    }
+  }
+  return out;
+}
+
+void TpModel::restore_state(SeqState& dst_state, const SeqState& src_state) {
+  Impl& m = *impl_;
+  TpSeqState& dst = tp_state(dst_state);
+  const TpSeqState& src = tp_state(src_state);
+  m.cpu->restore_state(*dst.local, *src.local);
+  dst.n_past = src.n_past;
+  dst.prompt_len = src.prompt_len;
+  std::lock_guard lk(m.pending->mu);
+  if (dst.remote && dst.epoch == m.pending->epoch) {
+    if (src.remote && src.epoch == dst.epoch) {
+      m.pending->ops.push_back(seq_op(OpKind::restore, dst.id, src.id));
+    } else {  // restoring a fresh state: drop the worker copy, it is re-created on the next step
+      m.pending->ops.push_back(seq_op(OpKind::free_seq, dst.id));
+      dst.remote = false;
+    }
+  } else if (!dst.remote && src.remote && src.epoch == m.pending->epoch) {
+    m.pending->ops.push_back(seq_op(OpKind::new_seq, dst.id));
+    m.pending->ops.push_back(seq_op(OpKind::restore, dst.id, src.id));
+    dst.remote = true;
+    dst.epoch = src.epoch;
+  } else {
+    dst.remote = src.remote;
+    dst.epoch = src.epoch;
+  }
+}
+
+}  // namespace dsv41::dist

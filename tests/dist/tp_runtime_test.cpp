@@ -1,0 +1,260 @@
+// Tensor parallel across two local processes (CPU collective over TCP): `logits --world-size 2`
+// equals TP 1 on the oracle fixtures, the server on rank 0 with a worker answers like TP 1, a
+// worker that hangs or dies fails requests with 503 naming the rank within 5 s, a restarted worker
+// is adopted again, and mismatched workers are refused.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../serve/http_client.h"
+#include "../serve/test_tokenizer.h"
+#include "dsv41/loader/safetensors.h"
+
+extern char** environ;
+
+using namespace dsv41;
+using namespace std::chrono_literals;
+using J = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kFix = DSV41_FIXTURES_DIR;
+
+fs::path temp_dir() {
+  auto d = fs::temp_directory_path() / ("dsv41_tp_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+// A port nothing listens on right now (bind 0, read, release).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Starts the binary with stdout/stderr to `log` (stdout to `out` when given); returns the pid.
+pid_t spawn(std::vector<std::string> args, const fs::path& log, const fs::path& out = {}) {
+  args.insert(args.begin(), DSV41_BINARY);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (out.empty()) posix_spawn_file_actions_adddup2(&fa, 2, 1);
+  else posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+// Waits up to timeout for the process; returns its exit code (-1: killed/timeout, then killed).
+int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  int st = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    std::this_thread::sleep_for(20ms);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &st, 0);
+  return -1;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+struct Fixture {
+  std::string name, model, map;
+  J golden;
+};
+
+Fixture fixture(const std::string& name) {
+  Fixture f{name, kFix + "/" + name + "/model", kFix + "/" + name + "/engram_token_map.safetensors", {}};
+  std::ifstream g(kFix + "/" + name + "/golden.json");
+  f.golden = J::parse(g);
+  return f;
+}
+
+std::vector<std::string> worker_args(const Fixture& f, const std::string& model, int port, int rank = 1,
+                                     int world = 2) {
+  return {"--rank", std::to_string(rank), "--world-size", std::to_string(world), "--model", model, "--master-addr",
+          "127.0.0.1", "--master-port", std::to_string(port), "--device", "cpu", "--engram-token-map", f.map};
+}
+
+// Runs `logits` at TP 1 and at TP 2 (a worker process started first) and compares every tensor.
+// model_dir: another checkpoint with the fixture's config (default: the fixture's own).
+void expect_tp2_equals_tp1(const std::string& name, const std::vector<std::string>& extra,
+                           const std::string& model_dir = {}, const std::string& label = {}, int world = 2) {
+  Fixture f = fixture(name);
+  if (!model_dir.empty()) f.model = model_dir;
+  const fs::path dir = temp_dir() / (label.empty() ? name : label);
+  fs::create_directories(dir);
+  {
+    std::ofstream(dir / "prompt.json") << f.golden["prompt_ids"].dump();
+  }
+  const int64_t N = static_cast<int64_t>(f.golden["greedy_ids"].size()) - 1;
+  std::vector<std::string> base = {"logits", "--model", f.model, "--engram-token-map", f.map, "--prompt-ids",
+                                   (dir / "prompt.json").string(), "--decode", std::to_string(N)};
+  base.insert(base.end(), extra.begin(), extra.end());
+  auto one = base, two = base;
+  one.insert(one.end(), {"--out", (dir / "tp1.safetensors").string()});
+  const int port = free_port();
+  two.insert(two.end(), {"--out", (dir / "tp2.safetensors").string(), "--world-size", std::to_string(world),
+                         "--master-port", std::to_string(port)});
+  // The workers start first and retry until rank 0 listens.
+  std::vector<pid_t> workers;
+  for (int r = 1; r < world; ++r) {
+    workers.push_back(spawn(worker_args(f, f.model, port, r, world), dir / ("worker" + std::to_string(r) + ".log")));
+    ASSERT_GT(workers.back(), 0);
+  }
+  const pid_t head = spawn(two, dir / "tp2.log");
+  ASSERT_EQ(wait_exit(head, 120s), 0) << slurp(dir / "tp2.log");
+  for (int r = 1; r < world; ++r)
+    EXPECT_EQ(wait_exit(workers[r - 1], 10s), 0) << "a worker exits when the tool is done\n"
+                                                 << slurp(dir / ("worker" + std::to_string(r) + ".log"));
+  ASSERT_EQ(wait_exit(spawn(one, dir / "tp1.log"), 120s), 0) << slurp(dir / "tp1.log");
+
+  auto a = SafetensorsFile::open((dir / "tp1.safetensors").string());
+  auto b = SafetensorsFile::open((dir / "tp2.safetensors").string());
+  ASSERT_EQ(a->tensors().size(), b->tensors().size());
+  for (const TensorInfo& t : a->tensors()) {
+    const TensorInfo* u = b->find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    ASSERT_EQ(t.shape, u->shape) << t.name;
+    ASSERT_EQ(t.dtype, u->dtype) << t.name;
+    if (t.dtype == DType::I32) {
+      EXPECT_EQ(std::memcmp(t.data, u->data, t.nbytes), 0) << name << ": " << t.name << " differ";
+      continue;
+    }
+    const std::vector<float> x = tensor_to_f32(t), y = tensor_to_f32(*u);
+    float worst = 0.0f;
+    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]));
+    EXPECT_LE(worst, 1e-3f) << name << ": " << t.name;
+  }
+  // The greedy ids are also the oracle's (the TP 1 engine matches tiny-s0's golden ids).
+  const TensorInfo* g = b->find("greedy_ids");
+  std::vector<int32_t> ids(static_cast<size_t>(g->numel()));
+  std::memcpy(ids.data(), g->data, ids.size() * 4);
+  if (name == "tiny-s0" && model_dir.empty()) EXPECT_EQ(ids, f.golden["greedy_ids"].get<std::vector<int32_t>>());
+}
+
+}  // namespace
+
+TEST(TensorParallelLogits, TwoRanksEqualOneRankOnTinyS0) { expect_tp2_equals_tp1("tiny-s0", {"--dspark", "--prefill-chunk", "7"}); }
+
+TEST(TensorParallelLogits, TwoRanksEqualOneRankOnTinyLong) { expect_tp2_equals_tp1("tiny-long", {}); }
+
+// Three ranks: uneven shares, and a rank without attention groups (tiny-s0 has 2) still joins in.
+TEST(TensorParallelLogits, ThreeRanksEqualOneRankOnTinyS0) {
+  expect_tp2_equals_tp1("tiny-s0", {"--dspark"}, {}, "tiny-s0-world3", 3);
+}
+
+// EXL3 checkpoints: unquantized (F16) slices are cut by rows, EXL3 linears compute all rows and keep
+// their share, an EXL3 head is replicated; still TP 2 == TP 1.
+TEST(TensorParallelLogits, TwoRanksEqualOneRankOnExl3Checkpoints) {
+  for (const auto& [label, args] : std::vector<std::pair<std::string, std::string>>{
+           {"exl3_b3_head16", "--format exl3 --bits 3 --codebook mul1 --head-bits 16 --mtp-bits 2"},
+           {"exl3_b2_head4", "--format exl3 --bits 2 --codebook 3inst --head-bits 4"}}) {
+    const fs::path dir = temp_dir() / label;
+    fs::create_directories(dir);
+    const std::string cmd = std::string(DSV41_BINARY) + " mkmodel --config " + kFix + "/tiny-s0/model/config.json " +
+                            args + " --seed 11 --out " + (dir / "model").string() + " > " + (dir / "mk.log").string() +
+                            " 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir / "mk.log");
+    expect_tp2_equals_tp1("tiny-s0", {"--dspark", "--prefill-chunk", "13"}, (dir / "model").string(), label);
+  }
+}
+
+TEST(TensorParallelHandshake, MismatchedConfigOrCheckpointIsRefused) {
+  const Fixture f = fixture("tiny-s0");
+  const fs::path dir = temp_dir() / "mismatch";
+  fs::create_directories(dir / "cfg");
+  fs::create_directories(dir / "ckpt");
+  // Same weights, a config that differs in one field; same config, weights that differ in one byte.
+  J cfg = J::parse(slurp(f.model + "/config.json"));
+  cfg["text_config"]["rope_theta"] = 20000;
+  std::ofstream(dir / "cfg" / "config.json") << cfg.dump(2);
+  fs::copy_file(f.model + "/model.safetensors", dir / "cfg" / "model.safetensors", fs::copy_options::overwrite_existing);
+  fs::copy_file(f.model + "/config.json", dir / "ckpt" / "config.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(f.model + "/model.safetensors", dir / "ckpt" / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  {
+    std::fstream w(dir / "ckpt" / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    w.seekg(-3, std::ios::end);
+    char c = 0;
+    w.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    w.seekp(-3, std::ios::end);
+    w.write(&c, 1);
+  }
+  {
+    std::ofstream(dir / "prompt.json") << "[1, 2, 3]";
+  }
+  const int port = free_port();
+  const pid_t head = spawn({"logits", "--model", f.model, "--engram-token-map", f.map, "--prompt-ids",
+                            (dir / "prompt.json").string(), "--decode", "1", "--out", (dir / "o.safetensors").string(),
+                            "--world-size", "2", "--master-port", std::to_string(port)},
+                           dir / "head.log");
+  ASSERT_GT(head, 0);
+  EXPECT_EQ(wait_exit(spawn(worker_args(f, (dir / "cfg").string(), port), dir / "w_cfg.log"), 30s), 1);
+  EXPECT_NE(slurp(dir / "w_cfg.log").find("config hash"), std::string::npos) << slurp(dir / "w_cfg.log");
+  EXPECT_EQ(wait_exit(spawn(worker_args(f, (dir / "ckpt").string(), port), dir / "w_ck.log"), 30s), 1);
+  EXPECT_NE(slurp(dir / "w_ck.log").find("checkpoint hash"), std::string::npos) << slurp(dir / "w_ck.log");
+  // The head refused both and still waits: a matching worker completes the run.
+  const pid_t good = spawn(worker_args(f, f.model, port), dir / "w_ok.log");
+  EXPECT_EQ(wait_exit(head, 60s), 0) << slurp(dir / "head.log");
+  EXPECT_EQ(wait_exit(good, 10s), 0) << slurp(dir / "w_ok.log");
+  EXPECT_NE(slurp(dir / "head.log").find("refused worker"), std::string::npos);
+}
+
+// `generate` with DSpark speculation: drafts, verify forwards and rollbacks (sequence clones and
+// restores on the worker) give the same tokens and acceptance as one rank.
+TEST(TensorParallelGenerate, SpeculativeGenerationEqualsOneRank) {
+  const Fixture f = fixture("tiny-s0");
+  const fs::path dir = temp_dir() / "generate";
+  fs::create_directories(dir);
+  {
+    std::ofstream(dir / "prompt.json") << "[5, 17, 33, 101, 7, 250, 64, 9]";
+  }
+  const std::vector<std::string> base = {"generate", "--model", f.model, "--engram-token-map", f.map, "--prompt-ids",
+                                         (dir / "prompt.json").string(), "--max-tokens", "16", "--spec-method",
+                                         "dspark"};
+  ASSERT_EQ(wait_exit(spawn(base, dir / "g1.log", dir / "g1.json"), 60s), 0) << slurp(dir / "g1.log");
+  const int port = free_port();
+  auto two = base;
+  two.insert(two.end(), {"--world-size", "2", "--master-port", std::to_string(port)});
+  const pid_t head = spawn(two, dir / "g2.log", dir / "g2.json");
+  const pid_t worker = spawn(worker_args(f, f.model, port), dir / "worker.log");
+  ASSERT_EQ(wait_exit(head, 60s), 0) << slurp(dir / "g2.log");
+  EXPECT_EQ(wait_exit(worker, 10s), 0) << slurp(dir / "worker.log");
+  const J a = J::parse(slurp(dir / "g1.json")), b = J::parse(slurp(dir / "g2.json"));
+  EXPECT_EQ(a["ids"].size(), 16u);
+  EXPECT_EQ(a, b);
+}

@@ -1,0 +1,205 @@
+// The server on rank 0 with a worker process (CPU collective over TCP): answers like TP 1; a worker
+// that hangs mid-stream or dies fails requests with a clear 503 naming rank 1 within 5 s; after the
+// worker restarts, requests succeed again without restarting the server.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../serve/http_client.h"
+#include "../serve/test_tokenizer.h"
+
+extern char** environ;
+
+using namespace std::chrono_literals;
+using J = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kFix = DSV41_FIXTURES_DIR;
+const std::string kModel = kFix + "/tiny-s0/model";
+const std::string kMap = kFix + "/tiny-s0/engram_token_map.safetensors";
+
+fs::path temp_dir() {
+  auto d = fs::temp_directory_path() / ("dsv41_tpserve_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+pid_t spawn(std::vector<std::string> args, const fs::path& log) {
+  args.insert(args.begin(), DSV41_BINARY);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+void stop(pid_t pid) {
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Polls /health until 200 (the port answers 503 while loading / waiting for workers).
+bool wait_healthy(int port, std::chrono::seconds limit) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (dsv41::test_support::http_request(port, "GET", "/health", {}, {}, 2000).status == 200) return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+J completion(const std::vector<int32_t>& prompt, int max_tokens) {
+  return J{{"model", "tiny-s0"},  {"prompt", prompt},     {"max_tokens", max_tokens},
+           {"temperature", 0},    {"ignore_eos", true},   {"return_token_ids", true}};
+}
+
+J chat() {
+  return J{{"model", "tiny-s0"},
+           {"messages", J::array({J{{"role", "user"}, {"content", "hello there"}}})},
+           {"max_tokens", 8},
+           {"temperature", 0}};
+}
+
+struct Server {
+  int port = 0, master_port = 0;
+  pid_t pid = -1;
+};
+
+Server start_server(const fs::path& dir, const std::string& tok, int world, const std::string& tag) {
+  Server s;
+  s.port = free_port();
+  s.master_port = free_port();
+  std::vector<std::string> args = {"--model", kModel, "--tokenizer", tok, "--engram-token-map", kMap, "--port",
+                                   std::to_string(s.port), "--kv-cache-gib", "0.01", "--served-model-name", "tiny-s0",
+                                   "--world-size", std::to_string(world), "--master-port",
+                                   std::to_string(s.master_port)};
+  s.pid = spawn(args, dir / ("server_" + tag + ".log"));
+  return s;
+}
+
+pid_t start_worker(const fs::path& dir, int master_port, const std::string& tag) {
+  return spawn({"--rank", "1", "--world-size", "2", "--model", kModel, "--master-addr", "127.0.0.1", "--master-port",
+                std::to_string(master_port), "--engram-token-map", kMap},
+               dir / ("worker_" + tag + ".log"));
+}
+
+}  // namespace
+
+TEST(TensorParallelServe, AnswersLikeOneRankAndSurvivesAWorkerFailure) {
+  const fs::path dir = temp_dir();
+  const std::string tok = (dir / "tokenizer.json").string();
+  dsv41::test_support::write_test_tokenizer(tok);
+  const std::vector<int32_t> prompt = {5, 17, 33, 101, 7, 250, 64};
+
+  // TP 1 reference answers.
+  Server one = start_server(dir, tok, 1, "tp1");
+  ASSERT_TRUE(wait_healthy(one.port, 60s)) << slurp(dir / "server_tp1.log");
+  auto r1 = dsv41::test_support::http_request(one.port, "POST", "/v1/completions", completion(prompt, 6).dump());
+  auto c1 = dsv41::test_support::http_request(one.port, "POST", "/v1/chat/completions", chat().dump());
+  stop(one.pid);
+  ASSERT_EQ(r1.status, 200) << r1.body;
+  ASSERT_EQ(c1.status, 200) << c1.body;
+  const auto ids1 = J::parse(r1.body)["choices"][0]["token_ids"];
+
+  // TP 2: the server first, the worker joins later.
+  Server two = start_server(dir, tok, 2, "tp2");
+  pid_t worker = start_worker(dir, two.master_port, "a");
+  ASSERT_TRUE(wait_healthy(two.port, 60s)) << slurp(dir / "server_tp2.log") << slurp(dir / "worker_a.log");
+  auto r2 = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", completion(prompt, 6).dump());
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  EXPECT_EQ(J::parse(r2.body)["choices"][0]["token_ids"], ids1);
+  auto c2 = dsv41::test_support::http_request(two.port, "POST", "/v1/chat/completions", chat().dump());
+  ASSERT_EQ(c2.status, 200) << c2.body;
+  EXPECT_EQ(J::parse(c2.body)["choices"][0]["message"], J::parse(c1.body)["choices"][0]["message"]);
+
+  // The worker hangs mid-stream (SIGSTOP): the stream ends with an error event naming rank 1.
+  {
+    J req = completion(prompt, 100);
+    req["stream"] = true;
+    dsv41::test_support::Socket s(two.port);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(s.send_all(dsv41::test_support::build_request("POST", "/v1/completions", req.dump(), {})));
+    std::string raw;
+    bool eof = false;
+    const auto first_deadline = Clock::now() + 20s;
+    while (raw.find("\"text\"") == std::string::npos && !eof && Clock::now() < first_deadline)
+      raw += s.read_some(100, eof);
+    ASSERT_NE(raw.find("\"text\""), std::string::npos) << raw;
+    ::kill(worker, SIGSTOP);
+    const auto t0 = Clock::now();
+    while (!eof && !dsv41::test_support::response_complete(raw) && Clock::now() < t0 + 15s) raw += s.read_some(100, eof);
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    EXPECT_LT(waited, 5.0) << raw;
+    EXPECT_NE(raw.find("tensor-parallel rank 1 is unavailable"), std::string::npos) << raw;
+    EXPECT_NE(raw.find("rank_unavailable"), std::string::npos) << raw;
+    EXPECT_NE(raw.find("no heartbeat"), std::string::npos) << raw;
+  }
+  stop(worker);  // killed while stopped
+
+  // The worker is gone: a request fails at once with 503 naming the rank.
+  {
+    const auto t0 = Clock::now();
+    auto r = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", completion(prompt, 3).dump());
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+    EXPECT_EQ(r.status, 503) << r.body;
+    EXPECT_NE(r.body.find("tensor-parallel rank 1"), std::string::npos) << r.body;
+  }
+
+  // A restarted worker is adopted without restarting the server.
+  worker = start_worker(dir, two.master_port, "b");
+  dsv41::test_support::HttpResult r3;
+  const auto end = Clock::now() + 60s;
+  while (Clock::now() < end) {
+    r3 = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", completion(prompt, 6).dump());
+    if (r3.status == 200) break;
+    EXPECT_EQ(r3.status, 503) << r3.body;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_EQ(r3.status, 200) << r3.body << slurp(dir / "worker_b.log");
+  EXPECT_EQ(J::parse(r3.body)["choices"][0]["token_ids"], ids1);
+  ::kill(two.pid, SIGTERM);
+  int st = 0;
+  ::waitpid(two.pid, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << slurp(dir / "server_tp2.log");
+  // The server's goodbye sends the worker back to waiting for a head; end it.
+  stop(worker);
+}

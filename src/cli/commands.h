@@ -25,6 +25,7 @@ Command add_fabric(CLI::App& root);
 Command add_exl3_dequant(CLI::App& root);
 Command add_mkmodel(CLI::App& root);
 Command add_logits(CLI::App& root);
+Command add_generate(CLI::App& root);
 Command add_pack_engram(CLI::App& root);
 
 }  // namespace dsv41::cli

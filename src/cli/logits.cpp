@@ -7,47 +7,25 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
+#include "cli/prompt_tools.h"
+#include "cli/tp_options.h"
 #include "dsv41/common/error.h"
 #include "dsv41/loader/safetensors.h"
 #include "dsv41/model/cpu_model.h"
+#include "dsv41/model/cuda_model.h"
 
 namespace dsv41::cli {
 namespace {
 
 struct LogitsOptions {
-  std::string model_dir, prompt_ids, engram_token_map, out, device = "cpu", compare;
+  ModelLoadArgs load;  // --model, --engram-*, --device, --corrected-index-keys (shared with generate)
+  std::string prompt_ids, out, compare;
   int64_t decode = 0, prefill_chunk = 0;
-  bool dspark = false, dump_blocks = false, corrected_index_keys = false;
-  std::string engram_dir, engram_packed;  // Engram row storage (docs/ENGRAM.md)
-  double engram_cache_gib = 0.0;
+  bool dspark = false, dump_blocks = false;
+  TpArgs tp;  // --world-size/--master-addr/--master-port: this tool as rank 0 of a TP run
 };
-
-std::vector<int32_t> read_prompt_ids(const std::string& path) {
-  std::ifstream f(path);
-  DSV_CHECK(f.good(), "cannot read prompt ids file {}", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(ss.str());
-  } catch (const std::exception& e) {
-    fail("{}: not valid JSON ({})", path, e.what());
-  }
-  DSV_CHECK(j.is_array() && !j.empty(), "{}: expected a non-empty JSON array of token ids", path);
-  std::vector<int32_t> ids;
-  for (const auto& v : j) {
-    DSV_CHECK(v.is_number_integer(), "{}: every entry must be an integer token id", path);
-    const int64_t x = v.get<int64_t>();
-    DSV_CHECK(x >= 0 && x <= INT32_MAX, "{}: token id {} is out of range", path, x);
-    ids.push_back(static_cast<int32_t>(x));
-  }
-  return ids;
-}
 
 int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max_element(v, v + n) - v); }
 
@@ -82,23 +60,41 @@ void compare_blocks(const std::string& golden_path, const model::BlockDump& dump
   else fmt::print("no block diverges\n");
 }
 
+template <class M>
+int write_logits(M& model, const LogitsOptions& o, const std::vector<int32_t>& prompt);
+
 int run_logits(const LogitsOptions& o) {
-  DSV_CHECK(o.device == "cpu", "--device {}: the logits tool runs the CPU reference engine only (use cpu)", o.device);
+  if (o.load.device != "cuda") require_cpu_device(o.load, "the logits tool");
   DSV_CHECK(o.decode >= 0, "--decode must be >= 0");
   const std::vector<int32_t> prompt = read_prompt_ids(o.prompt_ids);
-  model::CpuModelOptions mo;
-  mo.engram_token_map = o.engram_token_map;
-  mo.engram_storage.engram_dir = o.engram_dir;
-  mo.engram_storage.engram_packed = o.engram_packed;
-  mo.engram_storage.cache_gib = o.engram_cache_gib;
+  model::CpuModelOptions mo = cpu_model_options(o.load);
   mo.dspark = o.dspark;
-  mo.corrected_index_keys = o.corrected_index_keys;
-  auto m = model::CpuModel::load(o.model_dir, mo);
+  if (o.load.device == "cuda") {  // the CUDA backend (include/dsv41/model/cuda_model.h)
+    DSV_CHECK(o.tp.world_size <= 1, "--device cuda: the logits tool runs the CUDA backend on one GPU (no --world-size)");
+    DSV_CHECK(!o.dspark, "--dspark: the CUDA backend does not run DSpark drafts yet; use --device cpu");
+    model::CudaModelOptions co;
+    co.engram_token_map = mo.engram_token_map;
+    co.engram_storage = mo.engram_storage;
+    co.corrected_index_keys = mo.corrected_index_keys;
+    co.max_context = static_cast<int64_t>(prompt.size()) + o.decode;  // sequence room for exactly this run
+    auto cuda = model::CudaModel::load(o.load.model_dir, co);
+    return write_logits(*cuda, o, prompt);
+  }
+  if (o.tp.world_size > 1) {
+    auto tp = start_tool_tp_model(o.tp, o.load, mo);
+    return write_logits(*tp, o, prompt);
+  }
+  auto cpu = model::CpuModel::load(o.load.model_dir, mo);
+  return write_logits(*cpu, o, prompt);
+}
+
+// The fixtures' stepping rule on `model`: a CpuModel, or rank 0 of a tensor-parallel run.
+template <class M>
+int write_logits(M& model, const LogitsOptions& o, const std::vector<int32_t>& prompt) {
+  M* m = &model;
   const ModelConfig& c = m->config();
   const int64_t S = static_cast<int64_t>(prompt.size()), V = c.vocab_size, N = o.decode;
-  for (int64_t i = 0; i < S; ++i)
-    DSV_CHECK(prompt[i] < V, "{}: token id {} at index {} is outside the vocabulary [0, {})", o.prompt_ids, prompt[i],
-              i, V);
+  check_prompt_ids(prompt, V, o.prompt_ids);
   DSV_CHECK(S + N <= c.max_position_embeddings,
             "prompt ({} tokens) + --decode {} exceeds the configured context max_position_embeddings = {}", S, N,
             c.max_position_embeddings);
@@ -141,11 +137,13 @@ int run_logits(const LogitsOptions& o) {
     m->forward_sequence(*st, std::span<const int32_t>(&greedy[i], 1), false, &lg);
     std::copy(lg.begin(), lg.end(), decode.begin() + i * V);
     greedy[i + 1] = argmax(lg.data(), V);
-    if (o.dspark) {
-      const model::DsparkDraft d = m->dspark_draft(*st, greedy[i + 1]);
-      draft_ids.insert(draft_ids.end(), d.ids.begin(), d.ids.end());
-      draft_logits.insert(draft_logits.end(), d.logits.begin(), d.logits.end());
-      draft_conf.insert(draft_conf.end(), d.confidence.begin(), d.confidence.end());
+    if constexpr (requires { m->dspark_draft(*st, 0); }) {  // backends with DSpark drafting
+      if (o.dspark) {
+        const model::DsparkDraft d = m->dspark_draft(*st, greedy[i + 1]);
+        draft_ids.insert(draft_ids.end(), d.ids.begin(), d.ids.end());
+        draft_logits.insert(draft_logits.end(), d.logits.begin(), d.logits.end());
+        draft_conf.insert(draft_conf.end(), d.confidence.begin(), d.confidence.end());
+      }
     }
   }
 
@@ -178,22 +176,16 @@ int run_logits(const LogitsOptions& o) {
 Command add_logits(CLI::App& root) {
   auto o = std::make_shared<LogitsOptions>();
   CLI::App* app = root.add_subcommand("logits", "Run the CPU reference forward pass and write logits (golden format)");
-  app->add_option("--model", o->model_dir, "Checkpoint folder")->required();
+  add_model_load_options(app, o->load);
+  add_tp_options(app, o->tp);
   app->add_option("--prompt-ids", o->prompt_ids, "JSON file with an array of token ids")->required();
   app->add_option("--decode", o->decode, "Greedy decode steps after the prompt")->required();
   app->add_flag("--dspark", o->dspark, "Run the DSpark draft block after every decode step");
-  app->add_option("--engram-token-map", o->engram_token_map, "safetensors file with an int32 token_map");
-  app->add_option("--engram-dir", o->engram_dir, "Folder with the index and the shards holding the Engram tables");
-  app->add_option("--engram-packed", o->engram_packed, "Folder with Engram rows packed by pack-engram");
-  app->add_option("--engram-cache-gib", o->engram_cache_gib, "Engram row cache size in GiB");
-  app->add_option("--device", o->device, "Device (cpu)")->capture_default_str();
   app->add_option("--prefill-chunk", o->prefill_chunk, "Prefill the prompt in chunks of this many tokens");
   app->add_option("--out", o->out, "Output safetensors file")->required();
   app->add_flag("--dump-blocks", o->dump_blocks, "Also write prefill_block{i}_h/_pre and prefill_engram_hash_ids");
   app->add_option("--compare", o->compare,
                   "Golden safetensors with prefill_block{i}_h: print per-block errors and the first diverging block");
-  app->add_flag("--corrected-index-keys", o->corrected_index_keys,
-                "Decode indexers score their own KV source's keys (default: the reference's decode alias)");
   return Command{app, [o] { return run_logits(*o); }};
 }
 

@@ -7,12 +7,22 @@
 #include <pthread.h>
 
 #include "cli/serve_options.h"
+#include "cli/tp_options.h"
 #include "dsv41/common/error.h"
 #include "dsv41/config/model_config.h"
+#include "dsv41/engram/open.h"
+#include "dsv41/engram/row_store.h"
+#include "dsv41/loader/checkpoint.h"
 #include "dsv41/model/cpu_model.h"
+#include "dsv41/runtime/memory_budget.h"
+#include "dsv41/runtime/progress.h"
+#include "dsv41/runtime/thread_dump.h"
+#include "runtime/serve_startup.h"
 #include "dsv41/serve/http.h"
+#include "dsv41/spec/cpu_backend.h"
 #include "sched/scheduler.h"
 #include "serve/api.h"
+#include "serve/runtime_guards.h"
 #include "serve/text_backend_impl.h"
 
 namespace dsv41::cli {
@@ -58,6 +68,22 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
   app.add_flag("--no-dspark", o.no_dspark, "Do not load the DSpark (mtp.*) stages");
+  app.add_option("--engram-packed", o.engram_packed, "Folder with Engram rows packed by pack-engram (wins over --engram-dir)");
+  app.add_option("--engram-cache-gib", o.engram_cache_gib, "Engram row cache size, GiB (0 = no cache)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 65536.0));
+  runtime::add_ops_options(app, o.ops);
+  app.add_option("--spec-method", o.spec_method, "Speculative decoding with the checkpoint's drafter: dspark or none")
+      ->capture_default_str();
+  app.add_option("--spec-tokens", o.spec_tokens,
+                 "Draft tokens per step at most (default and upper limit: the drafter's block size)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--spec-fixed-tokens", o.spec_fixed_tokens,
+               "Always verify --spec-tokens drafts (default: adaptive length per sequence)");
+  app.add_option("--spec-disable-batch-size", o.spec_disable_batch_size,
+                 "Pause speculation while more than this many sequences decode in one step (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 }
 
 namespace {
@@ -73,15 +99,43 @@ std::string find_tokenizer(const ServeOptions& o) {
   fail("{} has no tokenizer.json: pass --tokenizer FILE (a Hugging Face tokenizer.json)", o.model_dir);
 }
 
+// Where the Engram rows come from (the same for the budget, the checkpoint and the engine).
+engram::EngramStorageOptions engram_storage(const ServeOptions& o) {
+  engram::EngramStorageOptions e;
+  e.engram_dir = o.engram_dir;
+  e.engram_packed = o.engram_packed;
+  e.cache_gib = o.engram_cache_gib;
+  e.rank = o.rank;
+  e.world_size = o.world_size;
+  return e;
+}
+
 }  // namespace
+
+std::unique_ptr<Checkpoint> check_memory_and_preload(const ServeOptions& o) {
+  const ModelConfig cfg = load_model_config(o.model_dir + "/config.json");
+  CheckpointOpenOptions co;
+  if (!o.engram_packed.empty()) co.engram_elsewhere = "--engram-packed " + o.engram_packed;
+  else if (!o.engram_dir.empty()) co.engram_elsewhere = "--engram-dir " + o.engram_dir;
+  auto ck = Checkpoint::open(o.model_dir, co);
+  runtime::ServeMemoryPlan plan;
+  plan.weight_bytes = runtime::checkpoint_weight_bytes(*ck);
+  plan.world_size = o.world_size;
+  plan.kv_cache_gib = o.rank == 0 ? o.kv_cache_gib : 0.0;  // the state pool lives on rank 0
+  plan.engram_cache_gib = o.engram_cache_gib;
+  plan.max_num_seqs = o.max_num_seqs;
+  plan.max_num_batched_tokens = o.max_num_batched_tokens;
+  // Unified memory (DGX Spark) and the CPU engine: MemAvailable is the truthful number.
+  runtime::check_startup_budget(runtime::serve_budget_items(cfg, plan), runtime::meminfo_source(),
+                                runtime::gib_to_bytes(o.ops.memory_margin_gib, "--memory-margin-gib"), o.rank);
+  runtime::preload_weights(*ck);
+  return ck;
+}
 
 int run_serve(const ServeOptions& o) {
   if (o.model_dir.empty()) fail("--model DIR is required (see --help)");
   if (o.rank >= o.world_size) fail("--rank {} must be below --world-size {}", o.rank, o.world_size);
-  if (o.world_size > 1)
-    fail("--world-size {}: tensor-parallel serving across ranks is not available in this version; run one rank "
-         "(--world-size 1)",
-         o.world_size);
+  if (o.rank > 0) return run_worker_rank(o);  // headless tensor-parallel worker: no HTTP server
   if (o.device == "cuda") fail("--device cuda: the CUDA backend is not available in this version; use --device cpu");
   if (o.device != "cpu" && o.device != "auto") fail("--device {}: expected cpu, cuda or auto", o.device);
 
@@ -105,39 +159,79 @@ int run_serve(const ServeOptions& o) {
   });
   loading->start();
 
+  runtime::StartupTimer startup;
+  startup.begin("tokenizer");
   const std::string tok_path = find_tokenizer(o);
   spdlog::info("loading tokenizer {}", tok_path);
   auto text = serve::make_text_backend(tok_path);
 
+  startup.begin("memory budget and weights");
+  const std::unique_ptr<Checkpoint> ckpt = check_memory_and_preload(o);
+  startup.begin("engine");
   spdlog::info("loading checkpoint {}", o.model_dir);
   model::CpuModelOptions mo;
   mo.engram_token_map = o.engram_token_map;
   mo.dspark = !o.no_dspark;
-  auto model = model::CpuModel::load(o.model_dir, mo);
-  const ModelConfig& cfg = model->config();
+  mo.engram_storage = engram_storage(o);
+  // The server opens the Engram store itself so that /metrics can report its reads.
+  mo.engram_store = engram::open_engram_store(load_model_config(o.model_dir + "/config.json"), ckpt.get(), mo.engram_storage);
+  const spec::SpecMethod spec_method = spec::parse_spec_method(o.spec_method);
+  if (spec_method == spec::SpecMethod::dspark && o.no_dspark)
+    fail("--spec-method dspark needs the DSpark stages: drop --no-dspark or use --spec-method none");
+  std::unique_ptr<model::CpuModel> model;
+  std::unique_ptr<dist::TpModel> tp_model;  // --world-size > 1: rank 0 of a tensor-parallel run
+  if (o.world_size > 1) {
+    tp_model = start_serve_tp_model(o, mo);
+  } else {
+    model = model::CpuModel::load(o.model_dir, mo);
+  }
+  Model& engine = tp_model ? static_cast<Model&>(*tp_model) : *model;
+  std::unique_ptr<spec::SpecBackend> spec_backend;
+  if (spec_method == spec::SpecMethod::dspark) {
+    if (!(tp_model ? tp_model->has_dspark() : model->has_dspark()))
+      fail("--spec-method dspark: {} has no DSpark (mtp.*) stages", o.model_dir);
+    spec_backend = tp_model ? spec::make_cpu_spec_backend(*tp_model) : spec::make_cpu_spec_backend(*model);
+  }
+  const ModelConfig& cfg = engine.config();
   DSV_CHECK(static_cast<int64_t>(text->vocab_size()) <= cfg.vocab_size,
             "the tokenizer has {} tokens but the model's vocabulary is {}", text->vocab_size(), cfg.vocab_size);
 
+  startup.begin("scheduler and guards");
+  // Memory watchdog and stall detector (src/serve/runtime_guards.h); declared before the
+  // scheduler so that they outlive its thread.
+  serve::RuntimeGuards guards(runtime::meminfo_source(), runtime::watchdog_config(o.ops),
+                              runtime::stall_config(o.ops, o.rank));
   sched::SchedulerOptions so;
+  so.memory_ok = guards.memory_gate();
   so.max_num_seqs = o.max_num_seqs;
   so.max_num_batched_tokens = o.max_num_batched_tokens;
   so.max_model_len = o.max_model_len;
   so.kv_cache_gib = o.kv_cache_gib;
   so.max_waiting = o.max_waiting;
-  sched::Scheduler scheduler(*model, so);
+  so.spec.method = spec_method;
+  so.spec.max_draft_tokens = o.spec_tokens;
+  so.spec.adaptive = !o.spec_fixed_tokens;
+  so.spec.disable_batch_size = o.spec_disable_batch_size;
+  sched::Scheduler scheduler(engine, so, spec_backend.get());
   const auto& b = scheduler.state_bytes_info();
   const auto& pool = scheduler.pool();
   spdlog::info("sequence state: {} B per context token packed (MODEL.md §5.7; {} B as BF16), {} B fixed per sequence "
                "packed ({} B as BF16)",
                b.packed_per_token, b.bf16_per_token, b.packed_fixed, b.bf16_fixed);
-  spdlog::info("state pool: {:.3f} GiB = {} blocks of {} tokens; capacity {} tokens (one sequence), max-model-len {}, "
-               "max-num-seqs {}, max-num-batched-tokens {}",
-               o.kv_cache_gib, pool.total_blocks(), pool.block_tokens(), pool.capacity_tokens(),
-               scheduler.max_model_len(), so.max_num_seqs, so.max_num_batched_tokens);
+  spdlog::info("state pool: {:.3f} GiB, room in blocks of {} tokens; this engine holds {} B for a sequence with room "
+               "for {} tokens; capacity {} tokens (one sequence), max-model-len {}, max-num-seqs {}, "
+               "max-num-batched-tokens {}",
+               o.kv_cache_gib, pool.block_tokens(), engine.state_bytes(pool.block_tokens()), pool.block_tokens(),
+               scheduler.capacity_tokens(), scheduler.max_model_len(), so.max_num_seqs, so.max_num_batched_tokens);
+
+  guards.attach(scheduler);
 
   serve::ApiOptions ao;
   ao.model_names = o.served_model_names.empty() ? std::vector<std::string>{o.model_dir} : o.served_model_names;
   ao.api_key = api_key;
+  guards.api_hooks(ao);
+  if (mo.engram_store)
+    ao.extra_metrics = [store = mo.engram_store] { return engram::format_engram_metrics(store->metrics()); };
   serve::Api api(scheduler, *text, ao);
 
   loading->stop();
@@ -152,14 +246,18 @@ int run_serve(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
+  runtime::install_thread_dump_handler();
   scheduler.start();
+  guards.start();
   http.start();
+  startup.finish();
   spdlog::info("serving {} on http://{}:{} (auth {})", ao.model_names.front(), o.host, http.port(),
                api_key.empty() ? "off" : "on");
   int sig = 0;
   sigwait(&sigs, &sig);
   spdlog::info("signal {}: shutting down", sig);
   api.set_ready(false);
+  guards.stop();
   scheduler.stop();  // closes every channel, so streaming handlers return and HTTP threads free up
   http.stop();
   return 0;

@@ -6,13 +6,29 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include <spdlog/spdlog.h>
+
 #include "dsv41/common/error.h"
 
 namespace dsv41 {
 
 namespace fs = std::filesystem;
 
-std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
+bool is_engram_table_tensor(std::string_view name) {
+  // layers.{L}.engram.embed.weight / .scale with L a decimal layer number
+  constexpr std::string_view head = "layers.", mid = ".engram.embed.";
+  if (!name.starts_with(head)) return false;
+  size_t i = head.size();
+  const size_t digits = i;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+  if (i == digits || name.substr(i, mid.size()) != mid) return false;
+  const std::string_view leaf = name.substr(i + mid.size());
+  return leaf == "weight" || leaf == "scale";
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) { return open(dir, CheckpointOpenOptions{}); }
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOpenOptions& options) {
   auto c = std::make_unique<Checkpoint>();
   c->dir_ = dir;
   if (!fs::is_directory(dir)) fail("checkpoint {}: not a directory", dir);
@@ -47,9 +63,33 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     std::sort(files.begin(), files.end());
   }
   if (files.empty()) fail("checkpoint {}: no *.safetensors files", dir);
+  std::set<std::string> skipped;
   for (const auto& name : files) {
     const fs::path p = fs::path(dir) / name;
-    if (!fs::exists(p)) fail("checkpoint {}: shard {} is listed in the index but missing", dir, name);
+    if (!fs::exists(p)) {
+      // What the index puts in this shard: only Engram tables, some, or none.
+      std::vector<std::string> listed;
+      bool only_tables = true;
+      for (auto it = weight_map.begin(); it != weight_map.end(); ++it)
+        if (it.value().get_ref<const std::string&>() == name) {
+          listed.push_back(it.key());
+          only_tables = only_tables && is_engram_table_tensor(it.key());
+        }
+      std::sort(listed.begin(), listed.end());
+      if (only_tables && !options.engram_elsewhere.empty()) {
+        spdlog::info("checkpoint {}: shard {} is absent; its {} Engram table tensors ({}{}) are read from {}", dir, name,
+                     listed.size(), listed.front(), listed.size() > 1 ? ", ..." : "", options.engram_elsewhere);
+        skipped.insert(name);
+        c->skipped_.push_back(name);
+        continue;
+      }
+      if (only_tables)
+        fail("checkpoint {}: shard {} is listed in the index but missing; it holds the Engram tables ({}{}): copy it "
+             "there, or pass --engram-dir DIR (the folder with the original Engram shards) or --engram-packed DIR",
+             dir, name, listed.front(), listed.size() > 1 ? ", ..." : "");
+      const auto other = std::find_if(listed.begin(), listed.end(), [](const std::string& t) { return !is_engram_table_tensor(t); });
+      fail("checkpoint {}: shard {} is listed in the index but missing (it holds '{}')", dir, name, *other);
+    }
     c->files_.push_back(SafetensorsFile::open(p.string()));
   }
   for (const auto& f : c->files_) {
@@ -60,6 +100,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
   }
   if (!weight_map.is_null()) {
     for (auto it = weight_map.begin(); it != weight_map.end(); ++it) {
+      if (skipped.count(it.value().get<std::string>())) continue;
       const TensorInfo* t = c->find(it.key());
       if (!t) fail("checkpoint {}: tensor '{}' is listed in the index (shard {}) but absent", dir, it.key(),
                    it.value().get<std::string>());

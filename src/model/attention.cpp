@@ -60,7 +60,8 @@ void CpuModel::Impl::attention(const BlockWeights& b, CpuSeqState& st, ChunkShar
                                int64_t start, float* out) const {
   const ModelConfig& c = cfg;
   const AttnWeights& a = b.attn;
-  const int64_t dim = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, rd = c.qk_rope_head_dim;
+  // H: this rank's heads (all of them at TP 1)
+  const int64_t dim = c.hidden_size, H = a.n_heads, hd = c.head_dim, rd = c.qk_rope_head_dim;
   const int64_t win = c.sliding_window, qlr = c.q_lora_rank, L = b.layer, end = start + n;
   // Decode layout for a one-token step past the prompt; otherwise the one-shot prefill layout of a
   // prompt ending at layout_end (the whole prompt when its length is known).
@@ -82,7 +83,7 @@ void CpuModel::Impl::attention(const BlockWeights& b, CpuSeqState& st, ChunkShar
     b.rope.apply(k + hd - rd, start + t);
     qdq8_inplace(k, hd);
   }
-  std::vector<float>& ring = st.ring[static_cast<size_t>(L)];
+  auto& ring = st.ring[static_cast<size_t>(L)];
   auto window_row = [&](int64_t pos) -> const float* {
     if (pos >= start) return &kv[(pos - start) * hd];
     return &ring[(pos % win) * hd];
@@ -260,21 +261,30 @@ void CpuModel::Impl::attention(const BlockWeights& b, CpuSeqState& st, ChunkShar
     }
   });
 
-  // ---- grouped low-rank output ----
-  const int64_t G = c.o_groups, R = c.o_lora_rank, in_g = H * hd / G;
-  std::vector<float> z(static_cast<size_t>(n * G * R)), og(static_cast<size_t>(n * in_g)),
-      zg(static_cast<size_t>(n * R));
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t t = 0; t < n; ++t) std::copy_n(&o[t * H * hd + g * in_g], in_g, &og[t * in_g]);
-    linear_bf16(*a.wo_a[static_cast<size_t>(g)], og.data(), n, zg.data());
-    for (int64_t t = 0; t < n; ++t) std::copy_n(&zg[t * R], R, &z[t * G * R + g * R]);
-  }
-  linear_bf16(*a.wo_b, z.data(), n, out);
+  attn_output(a, o.data(), n, out);
 
   // ---- ring update (after the chunk's queries read the old slots) ----
   for (int64_t t = std::max<int64_t>(0, n - win); t < n; ++t)
     std::copy_n(&kv[t * hd], hd, &ring[((start + t) % win) * hd]);
   (void)dim;
+}
+
+// Grouped low-rank output: group g's heads through wo_a[g] (BF16), the groups side by side, then
+// wo_b. Under TP a rank runs its own groups and the ranks gather z; wo_b is column-parallel.
+void CpuModel::Impl::attn_output(const AttnWeights& a, const float* o, int64_t n, float* out) const {
+  const ModelConfig& c = cfg;
+  const int64_t G = c.o_groups, R = c.o_lora_rank, hd = c.head_dim, H = a.n_heads;
+  const int64_t in_g = c.num_attention_heads * hd / G, Gl = static_cast<int64_t>(a.wo_a.size());
+  std::vector<float> z(static_cast<size_t>(n * G * R)), zl(static_cast<size_t>(n * Gl * R)),
+      og(static_cast<size_t>(n * in_g)), zg(static_cast<size_t>(n * R));
+  float* zdst = tp_world > 1 ? zl.data() : z.data();
+  for (int64_t g = 0; g < Gl; ++g) {
+    for (int64_t t = 0; t < n; ++t) std::copy_n(&o[t * H * hd + g * in_g], in_g, &og[t * in_g]);
+    linear_bf16(*a.wo_a[static_cast<size_t>(g)], og.data(), n, zg.data());
+    for (int64_t t = 0; t < n; ++t) std::copy_n(&zg[t * R], R, &zdst[t * Gl * R + g * R]);
+  }
+  if (tp_world > 1) tp_gather_groups(zl.data(), n, z.data());
+  linear_bf16(*a.wo_b, z.data(), n, out);
 }
 
 }  // namespace dsv41::model

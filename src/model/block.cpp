@@ -21,6 +21,8 @@ namespace {
 
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
+}  // namespace
+
 // Expert(x, wt): SwiGLU with the reference's clamps; routed experts scale the activation by wt.
 void run_expert(const Expert& e, const float* x, int64_t n, const float* wt, double limit, float* y) {
   const int64_t inter = e.w1->out_features();
@@ -42,8 +44,6 @@ void run_expert(const Expert& e, const float* x, int64_t n, const float* wt, dou
   }
   linear_bf16(*e.w2, g.data(), n, y);
 }
-
-}  // namespace
 
 void CpuModel::Impl::moe(const MoeWeights& w, const float* x, int64_t n, float* out) const {
   const ModelConfig& c = cfg;
@@ -88,7 +88,8 @@ void CpuModel::Impl::moe(const MoeWeights& w, const float* x, int64_t n, float* 
   }
   std::vector<float> y(static_cast<size_t>(n * dim), 0.0f);
   // Experts in increasing id; each token adds its routed outputs in that order (fp32).
-  for (int64_t e = 0; e < E; ++e) {
+  if (tp_world > 1) tp_moe_routed(w, x, n, sel, wts, y.data());
+  for (int64_t e = 0; e < E && tp_world == 1; ++e) {
     std::vector<int64_t> toks;
     std::vector<float> tw;
     for (int64_t t = 0; t < n; ++t)
@@ -117,8 +118,10 @@ void CpuModel::Impl::engram(const EngramWeights& w, const int64_t* hash_rows, co
   const int64_t in = cols * hdim;
   std::vector<float> rows(static_cast<size_t>(n * in)), kv(static_cast<size_t>(n * (hc + 1) * dim));
   // [n][cols] ids -> [n][cols][hdim] = [n][in]: bf16(e4m3 · 2^(scale−127)) (MODEL.md §5.3). Waits for
-  // the prefetch; an I/O error surfaces here as dsv41::Error for this forward only.
-  rows_fetch.dequant_rows(std::span<const int64_t>(hash_rows, static_cast<size_t>(n * cols)), rows.data());
+  // the prefetch; an I/O error surfaces here as dsv41::Error for this forward only. Under TP,
+  // hash_rows holds this rank's columns [col_begin, col_end) and the ranks gather the rows.
+  if (tp_world > 1) tp_engram_rows(w, hash_rows, rows_fetch, n, rows.data());
+  else rows_fetch.dequant_rows(std::span<const int64_t>(hash_rows, static_cast<size_t>(n * cols)), rows.data());
   linear_bf16(*w.wkv, rows.data(), n, kv.data());
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(dim), -0.5));
@@ -146,7 +149,8 @@ void CpuModel::Impl::dspark_attention(const BlockWeights& b, int64_t stage, cons
                                       int64_t n, int64_t P, float* out) const {
   const ModelConfig& c = cfg;
   const AttnWeights& a = b.attn;
-  const int64_t H = c.num_attention_heads, hd = c.head_dim, rd = c.qk_rope_head_dim, win = c.sliding_window;
+  // H: this rank's heads (all of them at TP 1)
+  const int64_t H = a.n_heads, hd = c.head_dim, rd = c.qk_rope_head_dim, win = c.sliding_window;
   const int64_t qlr = c.q_lora_rank;
   const double eps = c.rms_norm_eps;
   std::vector<float> qr(static_cast<size_t>(n * qlr)), q(static_cast<size_t>(n * H * hd)),
@@ -164,7 +168,7 @@ void CpuModel::Impl::dspark_attention(const BlockWeights& b, int64_t stage, cons
     qdq8_inplace(k, hd);
   }
   // Ring slots in slot order (not oldest first), then every block row (non-causal).
-  const std::vector<float>& ring = st.dspark_ring[static_cast<size_t>(stage)];
+  const auto& ring = st.dspark_ring[static_cast<size_t>(stage)];
   std::vector<const float*> rows;
   for (int64_t s = 0; s < std::min(win, P + 1); ++s) rows.push_back(&ring[s * hd]);
   for (int64_t t = 0; t < n; ++t) rows.push_back(&kv[t * hd]);
@@ -175,15 +179,7 @@ void CpuModel::Impl::dspark_attention(const BlockWeights& b, int64_t stage, cons
     sparse_attention(&q[t * H * hd], rows, a.sink.data(), scale, H, hd, ot);
     for (int64_t h = 0; h < H; ++h) b.rope.apply(ot + h * hd + hd - rd, P + 1 + t, true);
   }
-  const int64_t G = c.o_groups, R = c.o_lora_rank, in_g = H * hd / G;
-  std::vector<float> z(static_cast<size_t>(n * G * R)), og(static_cast<size_t>(n * in_g)),
-      zg(static_cast<size_t>(n * R));
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t t = 0; t < n; ++t) std::copy_n(&o[t * H * hd + g * in_g], in_g, &og[t * in_g]);
-    linear_bf16(*a.wo_a[static_cast<size_t>(g)], og.data(), n, zg.data());
-    for (int64_t t = 0; t < n; ++t) std::copy_n(&zg[t * R], R, &z[t * G * R + g * R]);
-  }
-  linear_bf16(*a.wo_b, z.data(), n, out);
+  attn_output(a, o.data(), n, out);
 }
 
 void CpuModel::Impl::block_forward(const BlockWeights& b, CpuSeqState& st, ChunkShared& shared, float* h, float* pre,
@@ -192,11 +188,18 @@ void CpuModel::Impl::block_forward(const BlockWeights& b, CpuSeqState& st, Chunk
   const int64_t hc = c.hc_mult, dim = c.hidden_size;
   std::vector<HcMix> amix(static_cast<size_t>(n)), fmix(static_cast<size_t>(n));
   std::vector<float> x(static_cast<size_t>(n * dim)), y(static_cast<size_t>(n * dim));
+  // The reference call this token belongs to (its row count decides the last-ulp arithmetic of
+  // the mixes, ops/mhc.h): the DSpark block's rows, a decode step's single row, or the one-shot
+  // prefill of the whole prompt.
+  const bool decode = !dctx && n == 1 && start > 0 && start >= st.prompt_len;
+  const int64_t rows_ref = dctx ? n : decode ? 1 : std::max(start + n, st.prompt_len);
+  const int64_t k_parts = dctx || decode ? 0 : opts.mix_gemm_k_parts;
+  auto arith = [&](int64_t t) { return hc_mix_arithmetic(hc, dctx || decode ? t : start + t, rows_ref, k_parts); };
   parallel_for(n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* ht = &h[t * hc * dim];
       hc_mix(ht, hc, dim, b.hc_attn.fn.data(), b.hc_attn.base.data(), b.hc_attn.scale.data(), c.hc_sinkhorn_iters,
-             c.hc_eps, c.rms_norm_eps, amix[t]);
+             c.hc_eps, c.rms_norm_eps, arith(t), amix[t]);
       hc_collapse(ht, &pre[t * hc], hc, dim, &x[t * dim]);
       rms_norm(&x[t * dim], b.attn_norm.data(), dim, c.rms_norm_eps, &x[t * dim]);
     }
@@ -208,7 +211,7 @@ void CpuModel::Impl::block_forward(const BlockWeights& b, CpuSeqState& st, Chunk
       float* ht = &h[t * hc * dim];
       hc_expand(&y[t * dim], ht, amix[t], hc, dim);
       hc_mix(ht, hc, dim, b.hc_ffn.fn.data(), b.hc_ffn.base.data(), b.hc_ffn.scale.data(), c.hc_sinkhorn_iters,
-             c.hc_eps, c.rms_norm_eps, fmix[t]);
+             c.hc_eps, c.rms_norm_eps, arith(t), fmix[t]);
       hc_collapse(ht, amix[t].pre, hc, dim, &x[t * dim]);
       rms_norm(&x[t * dim], b.ffn_norm.data(), dim, c.rms_norm_eps, &x[t * dim]);
     }

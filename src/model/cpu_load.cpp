@@ -7,6 +7,8 @@
 
 #include "dsv41/common/error.h"
 #include "dsv41/common/numeric.h"
+#include "dsv41/exl3/exl3_linear.h"
+#include "dsv41/dist/collective.h"
 #include "model/cpu_impl.h"
 #include "model/linears.h"
 
@@ -20,6 +22,14 @@ HcWeights load_hc(const Checkpoint& ck, const std::string& p, const std::string&
   w.base = load_f32(ck, p + ".hc_" + site + "_base", {mix});
   w.scale = load_f32(ck, p + ".hc_" + site + "_scale", {3});
   return w;
+}
+
+// A [rows, cols] float matrix read row by row at run time (embeddings, dense heads).
+void check_dense_matrix(const TensorInfo& t, int64_t rows, int64_t cols) {
+  DSV_CHECK(t.shape == std::vector<int64_t>({rows, cols}), "tensor {} has shape {}, expected [{}, {}]", t.name,
+            t.shape_str(), rows, cols);
+  DSV_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F16 || t.dtype == DType::F32,
+            "tensor {}: dtype {} where BF16/F16/F32 is expected", t.name, dtype_name(t.dtype));
 }
 
 Expert load_expert(const Checkpoint& ck, const std::string& p, int64_t dim, int64_t inter) {
@@ -56,13 +66,17 @@ void CpuModel::Impl::load_block(BlockWeights& b, const std::string& prefix, int6
   a.kv_norm = load_f32(ck, ap + ".kv_norm.weight", {hd});
   a.sink = load_f32(ck, ap + ".attn_sink", {H});
   const int64_t in_g = H * hd / c.o_groups;
-  if (ck.has(ap + ".wo_a.slice.0.trellis")) {
+  if (ck.has(ap + ".wo_a.slice.0.trellis") || ck.has(ap + ".wo_a.slice.0.weight")) {
+    // EXL3 layout (EXL3.md §1.8): one linear per group, each EXL3 or left unquantized.
     for (int64_t g = 0; g < c.o_groups; ++g)
-      a.wo_a.push_back(load_linear(ck, ap + ".wo_a.slice." + std::to_string(g), in_g, c.o_lora_rank));
+      a.wo_a.push_back(
+          load_linear(ck, ap + ".wo_a.slice." + std::to_string(g), in_g, c.o_lora_rank, LinearKind::kBF16));
   } else {
-    // The reference dequantises wo_a to BF16 and runs it as a grouped BF16 matmul.
+    // The reference dequantises wo_a to BF16 and runs it as a grouped BF16 matmul (a BF16, F16 or
+    // F32 wo_a is used as stored).
     std::vector<float> w = load_dense_weight(ck, ap + ".wo_a", in_g, c.o_groups * c.o_lora_rank);
-    for (float& f : w) f = bf16_round(f);
+    if (ck.get(ap + ".wo_a.weight").dtype == DType::F8_E4M3)
+      for (float& f : w) f = bf16_round(f);
     const int64_t per = c.o_lora_rank * in_g;
     for (int64_t g = 0; g < c.o_groups; ++g)
       a.wo_a.push_back(make_dense_linear(std::vector<float>(w.begin() + g * per, w.begin() + (g + 1) * per), in_g,
@@ -89,8 +103,18 @@ void CpuModel::Impl::load_block(BlockWeights& b, const std::string& prefix, int6
   m.top_k = is_dspark && c.dspark_num_experts_per_tok > 0 ? c.dspark_num_experts_per_tok : c.num_experts_per_tok;
   m.gate_w = load_f32(ck, fp + ".gate.weight", {m.n_experts, dim});
   m.gate_bias = load_f32(ck, fp + ".gate.bias", {m.n_experts});
+  // Tensor parallel: a rank holds the routed experts [expert_begin, expert_end) only.
+  m.expert_begin = 0;
+  m.expert_end = m.n_experts;
+  if (tp_world > 1) {
+    const dist::Range r = dist::split_range(m.n_experts, tp_rank, tp_world);
+    m.expert_begin = r.begin;
+    m.expert_end = r.end;
+  }
   for (int64_t e = 0; e < m.n_experts; ++e)
-    m.experts.push_back(load_expert(ck, fp + ".experts." + std::to_string(e), dim, c.moe_intermediate_size));
+    m.experts.push_back(e >= m.expert_begin && e < m.expert_end
+                            ? load_expert(ck, fp + ".experts." + std::to_string(e), dim, c.moe_intermediate_size)
+                            : Expert{});
   m.shared = load_expert(ck, fp + ".shared_experts", dim, c.moe_intermediate_size);
 
   if (!is_dspark && c.is_engram_layer(layer)) {
@@ -105,6 +129,9 @@ void CpuModel::Impl::load_block(BlockWeights& b, const std::string& prefix, int6
     for (size_t i = 0; i < q.size(); ++i) e->gate_w[i] = q[i] * k[i];
     b.engram = std::move(e);
   }
+  a.n_heads = H;
+  if (b.engram) b.engram->col_end = c.n_engram_columns();
+  if (tp_world > 1) tp_split_block(b, prefix, is_dspark);  // this rank's share (src/model/tp_parts.cpp)
 }
 
 void CpuModel::Impl::load(const std::string& dir) {
@@ -113,18 +140,44 @@ void CpuModel::Impl::load(const std::string& dir) {
   if (!problems.empty())
     fail("{}/config.json: {}{}", dir, problems.front(),
          problems.size() > 1 ? fmt::format(" (and {} more)", problems.size() - 1) : std::string());
-  ckpt = Checkpoint::open(dir);
+  // Engram tables read from elsewhere may be missing from the folder (their shards are skipped).
+  CheckpointOpenOptions co;
+  if (!opts.engram_storage.engram_packed.empty()) co.engram_elsewhere = "--engram-packed " + opts.engram_storage.engram_packed;
+  else if (!opts.engram_storage.engram_dir.empty()) co.engram_elsewhere = "--engram-dir " + opts.engram_storage.engram_dir;
+  else if (opts.engram_store) co.engram_elsewhere = "the Engram store given to the model";
+  ckpt = Checkpoint::open(dir, co);
   const ModelConfig& c = cfg;
+  if (opts.tp) {
+    tp = opts.tp.get();
+    tp_rank = tp->rank();
+    tp_world = tp->world_size();
+    // A packed Engram folder holds one pack per rank: open this rank's.
+    if (opts.engram_storage.world_size == 1) {
+      opts.engram_storage.rank = tp_rank;
+      opts.engram_storage.world_size = tp_world;
+    }
+  }
+  vocab_begin = 0;
+  vocab_end = c.vocab_size;
+  if (tp_world > 1) {
+    const dist::Range v = dist::split_range(c.vocab_size, tp_rank, tp_world);
+    vocab_begin = v.begin;
+    vocab_end = v.end;
+  }
   DSV_CHECK(c.n_shared_experts == 1, "config: n_shared_experts = {} (the reference supports exactly 1)",
             c.n_shared_experts);
   DSV_CHECK(c.hc_mult >= 1 && c.hc_mult <= 16, "config: hc_mult = {} out of range", c.hc_mult);
   DSV_CHECK(c.head_dim % 32 == 0 && c.index_head_dim % 32 == 0 && c.hidden_size % 32 == 0,
             "config: hidden_size, head_dim and index_head_dim must be multiples of 32");
   embed = &ckpt->get("embed.weight");
-  head = &ckpt->get("head.weight");
-  for (const TensorInfo* t : {embed, head})
-    DSV_CHECK(t->shape == std::vector<int64_t>({c.vocab_size, c.hidden_size}),
-              "tensor {} has shape {}, expected [{}, {}]", t->name, t->shape_str(), c.vocab_size, c.hidden_size);
+  // The head is a plain float matrix (release: BF16; EXL3 with head_bits 16: F16) read row by row,
+  // or an EXL3 linear (EXL3.md §1.8, head_bits 1..8).
+  if (exl3::is_exl3_linear(*ckpt, "head")) head_linear = load_linear(*ckpt, "head", c.hidden_size, c.vocab_size);
+  else head = &ckpt->get("head.weight");
+  for (const TensorInfo* t : {embed, head}) {
+    if (t == nullptr) continue;
+    check_dense_matrix(*t, c.vocab_size, c.hidden_size);
+  }
   final_norm = load_f32(*ckpt, "norm.weight", {c.hidden_size});
   blocks.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
@@ -175,11 +228,18 @@ void CpuModel::Impl::load(const std::string& dir) {
     dspark_head.main_norm = load_f32(*ckpt, "mtp.0.main_norm.weight", {dim});
     dspark_head.norm = load_f32(*ckpt, last + ".norm.weight", {dim});
     dspark_head.markov_embed = &ckpt->get(last + ".markov_head.embed.weight");
-    dspark_head.markov_head = &ckpt->get(last + ".markov_head.head.weight");
-    for (const TensorInfo* t : {dspark_head.markov_embed, dspark_head.markov_head})
-      DSV_CHECK(t->shape == std::vector<int64_t>({c.vocab_size, rank}), "tensor {} has shape {}, expected [{}, {}]",
-                t->name, t->shape_str(), c.vocab_size, rank);
-    dspark_head.confidence = load_f32(*ckpt, last + ".confidence_head.proj.weight", {1, dim + rank});
+    check_dense_matrix(*dspark_head.markov_embed, c.vocab_size, rank);
+    // The Markov and confidence heads are plain float matrices, or EXL3 linears when a conversion
+    // quantized them (the MTP projections are quantized with mtp_bits, EXL3.md §1.5).
+    const std::string mh = last + ".markov_head.head", ch = last + ".confidence_head.proj";
+    if (exl3::is_exl3_linear(*ckpt, mh)) {
+      dspark_head.markov_head_linear = load_linear(*ckpt, mh, rank, c.vocab_size);
+    } else {
+      dspark_head.markov_head = &ckpt->get(mh + ".weight");
+      check_dense_matrix(*dspark_head.markov_head, c.vocab_size, rank);
+    }
+    if (exl3::is_exl3_linear(*ckpt, ch)) dspark_head.confidence_linear = load_linear(*ckpt, ch, dim + rank, 1);
+    else dspark_head.confidence = load_f32(*ckpt, ch + ".weight", {1, dim + rank});
   }
   spdlog::debug("cpu model loaded: {} layers, {} DSpark stages", blocks.size(), dspark.size());
 }

@@ -18,19 +18,25 @@
 namespace dsv41::model {
 
 // ---------------------------------------------------------------- state
-std::unique_ptr<CpuSeqState> CpuModel::Impl::make_state() const {
+std::unique_ptr<CpuSeqState> CpuModel::Impl::make_state(std::pmr::memory_resource* memory,
+                                                        int64_t capacity_tokens) const {
   const ModelConfig& c = cfg;
-  auto st = std::make_unique<CpuSeqState>();
+  auto st = std::make_unique<CpuSeqState>(memory);
+  // Buffers are built in place with `memory` (assigning a pmr vector would keep the default one).
   const size_t ring = static_cast<size_t>(c.sliding_window * c.head_dim);
-  st->ring.assign(static_cast<size_t>(c.num_hidden_layers), std::vector<float>(ring, 0.0f));
-  st->kv.resize(static_cast<size_t>(c.num_hidden_layers));
+  st->ring.reserve(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) st->ring.emplace_back(ring, 0.0f, memory);
+  st->kv.reserve(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    st->kv.push_back(KvSourceState{0, StateBuffer(memory), StateBuffer(memory), StateBuffer(memory), StateBuffer(memory)});
     if (!c.is_kv_source(l) || c.ratio(l) <= 1) continue;
-    KvSourceState& k = st->kv[static_cast<size_t>(l)];
+    KvSourceState& k = st->kv.back();
     k.carry_kv.assign(static_cast<size_t>(c.ratio(l) * c.head_dim), 0.0f);
     k.carry_score.assign(static_cast<size_t>(c.ratio(l) * c.head_dim), -INFINITY);
   }
-  st->dspark_ring.assign(dspark.size(), std::vector<float>(ring, 0.0f));
+  st->dspark_ring.reserve(dspark.size());
+  for (size_t s = 0; s < dspark.size(); ++s) st->dspark_ring.emplace_back(ring, 0.0f, memory);
+  if (capacity_tokens >= 0) reserve_state(*st, capacity_tokens);
   return st;
 }
 
@@ -48,6 +54,14 @@ CpuSeqState& CpuModel::Impl::state_of(SeqState& s) const {
 // ---------------------------------------------------------------- head
 void CpuModel::Impl::head_logits(const float* x, int64_t n, float* logits) const {
   const int64_t V = cfg.vocab_size, dim = cfg.hidden_size;
+  if (head_linear) {  // EXL3 head: fp32 logits straight from the linear
+    head_linear->forward(x, n, logits);
+    return;
+  }
+  if (tp_world > 1) {  // vocab-split dense head, rows gathered
+    tp_head_logits(x, n, logits);
+    return;
+  }
   parallel_for(V, [&](int64_t v0, int64_t v1) {
     std::vector<float> w(static_cast<size_t>(dim));
     for (int64_t v = v0; v < v1; ++v) {
@@ -125,8 +139,11 @@ void CpuModel::Impl::forward(CpuSeqState& st, const int32_t* tokens, int64_t n, 
   std::vector<std::shared_ptr<engram::EngramFetch>> engram_fetch(static_cast<size_t>(n_eng));
   for (int64_t e = 0; e < n_eng; ++e) {
     auto& r = engram_rows[static_cast<size_t>(e)];
-    r.resize(static_cast<size_t>(n * cols));
-    for (int64_t t = 0; t < n; ++t) std::copy_n(&hash_ids[(t * n_eng + e) * cols], cols, &r[t * cols]);
+    // Under TP a rank reads only its columns' rows (EngramWeights::col_begin/col_end).
+    const EngramWeights* ew = blocks[static_cast<size_t>(c.engram_layer_ids[static_cast<size_t>(e)])].engram.get();
+    const int64_t cb = tp_world > 1 ? ew->col_begin : 0, nc = tp_world > 1 ? ew->col_end - cb : cols;
+    r.resize(static_cast<size_t>(n * nc));
+    for (int64_t t = 0; t < n; ++t) std::copy_n(&hash_ids[(t * n_eng + e) * cols + cb], nc, &r[t * nc]);
     engram_fetch[static_cast<size_t>(e)] = engram_store->prefetch(e, r);
   }
 
@@ -185,10 +202,12 @@ void CpuModel::Impl::forward(CpuSeqState& st, const int32_t* tokens, int64_t n, 
 
   // ---- carried state: Engram history, DSpark rings and taps ----
   if (n_eng > 0) {
-    for (int64_t t = 0; t < n; ++t) st.engram_history.push_back(token_map[static_cast<size_t>(tokens[t])]);
+    // Keeps the last `keep` ids without ever holding more (a pooled state sized its buffer once).
     const size_t keep = static_cast<size_t>(std::max<int64_t>(0, N - 1));
-    if (st.engram_history.size() > keep)
-      st.engram_history.erase(st.engram_history.begin(), st.engram_history.end() - static_cast<std::ptrdiff_t>(keep));
+    for (int64_t t = 0; t < n && keep > 0; ++t) {
+      if (st.engram_history.size() == keep) st.engram_history.erase(st.engram_history.begin());
+      st.engram_history.push_back(token_map[static_cast<size_t>(tokens[t])]);
+    }
   }
   if (want_taps) {
     update_dspark_rings(st, taps.data(), n, start);
@@ -210,6 +229,14 @@ std::unique_ptr<CpuModel> CpuModel::load(const std::string& dir, const CpuModelO
 
 const ModelConfig& CpuModel::config() const { return impl_->cfg; }
 std::unique_ptr<SeqState> CpuModel::new_sequence() const { return impl_->make_state(); }
+std::unique_ptr<SeqState> CpuModel::new_sequence(std::pmr::memory_resource& memory, int64_t capacity_tokens) const {
+  DSV_CHECK(capacity_tokens >= 0, "sequence capacity must not be negative, got {}", capacity_tokens);
+  return impl_->make_state(&memory, capacity_tokens);
+}
+void CpuModel::reserve_sequence(SeqState& state, int64_t capacity_tokens) const {
+  impl_->reserve_state(impl_->state_of(state), capacity_tokens);
+}
+int64_t CpuModel::state_bytes(int64_t capacity_tokens) const { return impl_->state_bytes(capacity_tokens); }
 bool CpuModel::has_dspark() const { return !impl_->dspark.empty(); }
 
 void CpuModel::forward_sequence(SeqState& state, std::span<const int32_t> tokens, bool all_logits,
@@ -220,16 +247,32 @@ void CpuModel::forward_sequence(SeqState& state, std::span<const int32_t> tokens
 void CpuModel::forward(std::span<ForwardItem> batch) {
   for (ForwardItem& it : batch) {
     DSV_CHECK(it.state != nullptr, "forward: item without a sequence state");
+    const CpuSeqState& st = impl_->state_of(*it.state);
+    DSV_CHECK(st.capacity_tokens < 0 || st.n_past + static_cast<int64_t>(it.tokens.size()) <= st.capacity_tokens,
+              "forward: {} tokens at position {} exceed the sequence's reserved capacity of {} tokens", it.tokens.size(),
+              st.n_past, st.capacity_tokens);
     forward_sequence(*it.state, it.tokens, it.all_logits, it.logits);
   }
 }
 
 std::unique_ptr<SeqState> CpuModel::clone_state(const SeqState& s) const {
-  return std::make_unique<CpuSeqState>(impl_->state_of(s));
+  // The copy draws from the same memory as the original (a snapshot of a pooled state is pooled).
+  const CpuSeqState& src = impl_->state_of(s);
+  auto copy = impl_->make_state(src.memory, src.capacity_tokens);
+  restore_state(*copy, src);
+  return copy;
 }
 
 void CpuModel::restore_state(SeqState& dst, const SeqState& src) const {
-  impl_->state_of(dst) = impl_->state_of(src);
+  CpuSeqState& d = impl_->state_of(dst);
+  const CpuSeqState& from = impl_->state_of(src);
+  // Copy-assignment keeps each buffer's own memory resource; the destination keeps its room.
+  std::pmr::memory_resource* memory = d.memory;
+  const int64_t capacity = d.capacity_tokens;
+  d = from;
+  d.memory = memory;
+  d.capacity_tokens = capacity < 0 || from.capacity_tokens < 0 ? capacity : std::max(capacity, from.capacity_tokens);
+  if (d.capacity_tokens >= 0) impl_->reserve_state(d, d.capacity_tokens);
 }
 
 DsparkDraft CpuModel::dspark_draft(const SeqState& state, int32_t anchor) const {
@@ -267,21 +310,33 @@ DsparkDraft CpuModel::dspark_draft(const SeqState& state, int32_t anchor) const 
   out.ids.assign(static_cast<size_t>(B + 1), 0);
   out.ids[0] = anchor;
   out.confidence.assign(static_cast<size_t>(B), 0.0f);
-  std::vector<float> e(static_cast<size_t>(rank)), wrow(static_cast<size_t>(rank));
+  std::vector<float> e(static_cast<size_t>(rank)), wrow(static_cast<size_t>(rank)), bias(static_cast<size_t>(V));
+  std::vector<float> cin(static_cast<size_t>(dim + rank));
   for (int64_t i = 0; i < B; ++i) {
     tensor_row_f32(*m.dspark_head.markov_embed, out.ids[i], e.data());
     float* li = &out.logits[i * V];
-    for (int64_t v = 0; v < V; ++v) {
-      tensor_row_f32(*m.dspark_head.markov_head, v, wrow.data());
-      float acc = 0.0f;
-      for (int64_t k = 0; k < rank; ++k) acc += wrow[k] * e[k];
-      li[v] += acc;
+    if (m.dspark_head.markov_head_linear) {
+      m.dspark_head.markov_head_linear->forward(e.data(), 1, bias.data());
+      for (int64_t v = 0; v < V; ++v) li[v] += bias[v];
+    } else {
+      for (int64_t v = 0; v < V; ++v) {
+        tensor_row_f32(*m.dspark_head.markov_head, v, wrow.data());
+        float acc = 0.0f;
+        for (int64_t k = 0; k < rank; ++k) acc += wrow[k] * e[k];
+        li[v] += acc;
+      }
     }
     out.ids[i + 1] = static_cast<int32_t>(std::max_element(li, li + V) - li);
-    float conf = 0.0f;
-    for (int64_t k = 0; k < dim; ++k) conf += m.dspark_head.confidence[k] * hpre[i * dim + k];
-    for (int64_t k = 0; k < rank; ++k) conf += m.dspark_head.confidence[dim + k] * e[k];
-    out.confidence[i] = conf;
+    if (m.dspark_head.confidence_linear) {
+      std::copy_n(&hpre[i * dim], dim, cin.data());
+      std::copy_n(e.data(), rank, cin.data() + dim);
+      m.dspark_head.confidence_linear->forward(cin.data(), 1, &out.confidence[i]);
+    } else {
+      float conf = 0.0f;
+      for (int64_t k = 0; k < dim; ++k) conf += m.dspark_head.confidence[k] * hpre[i * dim + k];
+      for (int64_t k = 0; k < rank; ++k) conf += m.dspark_head.confidence[dim + k] * e[k];
+      out.confidence[i] = conf;
+    }
   }
   return out;
 }

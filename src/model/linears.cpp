@@ -1,6 +1,7 @@
 #include "model/ops/dot.h"
 #include "model/linears.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -161,8 +162,9 @@ std::vector<float> load_dense_weight(const Checkpoint& ckpt, const std::string& 
         v[o * in + k] = e4m3_to_f32(w.data[o * in + k]) * e8m0_to_f32(s.data[(o / 32) * nb + k / 32]);
     return v;
   }
-  DSV_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F32, "tensor {}: unsupported dtype {} for a dense weight",
-            w.name, dtype_name(w.dtype));
+  DSV_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F32 || w.dtype == DType::F16,
+            "tensor {}: unsupported dtype {} for a dense weight (expected F8_E4M3, BF16, F16 or F32)", w.name,
+            dtype_name(w.dtype));
   return tensor_to_f32(w);
 }
 
@@ -170,6 +172,21 @@ std::unique_ptr<Linear> make_dense_linear(std::vector<float> w, int64_t in, int6
   DSV_ASSERT(static_cast<int64_t>(w.size()) == in * out, "dense linear size");
   return std::make_unique<LinDense>(std::move(w), in, out, static_cast<uint64_t>(in * out * 2));
 }
+
+namespace {
+
+// The dense fp32 values a plain linear holds after loading.
+std::vector<float> dense_values(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
+                                LinearKind kind) {
+  std::vector<float> v = load_dense_weight(ckpt, prefix, in, out);
+  // Only a dequantised FP8 weight needs rounding to reach the BF16 values the reference holds;
+  // BF16, F16 (EXL3's unquantized linears) and F32 weights are used exactly as stored.
+  if (kind == LinearKind::kBF16 && ckpt.get(prefix + ".weight").dtype == DType::F8_E4M3)
+    for (float& f : v) f = bf16_round(f);
+  return v;
+}
+
+}  // namespace
 
 std::unique_ptr<Linear> load_linear(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
                                     LinearKind kind) {
@@ -179,10 +196,70 @@ std::unique_ptr<Linear> load_linear(const Checkpoint& ckpt, const std::string& p
     return std::make_unique<Lin8>(w, ckpt.get(prefix + ".scale"), in, out);
   if (kind == LinearKind::kAuto && w.dtype == DType::I8)
     return std::make_unique<Lin4>(w, ckpt.get(prefix + ".scale"), in, out);
-  std::vector<float> v = load_dense_weight(ckpt, prefix, in, out);
-  if (kind == LinearKind::kBF16 || (kind == LinearKind::kAuto && w.dtype != DType::F32))
-    for (float& f : v) f = bf16_round(f);
-  return std::make_unique<LinDense>(std::move(v), in, out, w.nbytes);
+  return std::make_unique<LinDense>(dense_values(ckpt, prefix, in, out, kind), in, out, w.nbytes);
+}
+
+namespace {
+
+// Outputs [begin, end) of a linear that cannot be cut by rows (EXL3): computes all, keeps the slice.
+class RowsOfFullLinear final : public Linear {
+ public:
+  RowsOfFullLinear(std::unique_ptr<Linear> full, int64_t begin, int64_t end)
+      : full_(std::move(full)), begin_(begin), end_(end) {}
+  int64_t in_features() const override { return full_->in_features(); }
+  int64_t out_features() const override { return end_ - begin_; }
+  uint64_t weight_bytes() const override { return full_->weight_bytes(); }
+  void forward(const float* x, int64_t m, float* y) const override {
+    const int64_t out = full_->out_features(), k = end_ - begin_;
+    std::vector<float> all(static_cast<size_t>(m * out));
+    full_->forward(x, m, all.data());
+    for (int64_t r = 0; r < m; ++r) std::copy_n(&all[r * out + begin_], k, y + r * k);
+  }
+
+ private:
+  std::unique_ptr<Linear> full_;
+  int64_t begin_, end_;
+};
+
+// A view of rows [begin, begin + rows) of a row-major tensor whose rows are `row_bytes` long.
+TensorInfo row_view(const TensorInfo& t, int64_t begin, int64_t rows, int64_t row_bytes) {
+  TensorInfo v = t;
+  v.shape[0] = rows;
+  v.data = t.data + begin * row_bytes;
+  v.nbytes = static_cast<uint64_t>(rows * row_bytes);
+  return v;
+}
+
+}  // namespace
+
+std::unique_ptr<Linear> load_linear_rows(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
+                                         int64_t row_begin, int64_t row_end, LinearKind kind) {
+  DSV_CHECK(row_begin >= 0 && row_begin <= row_end && row_end <= out, "{}: row slice [{}, {}) of {} rows", prefix,
+            row_begin, row_end, out);
+  if (row_begin == 0 && row_end == out) return load_linear(ckpt, prefix, in, out, kind);
+  const int64_t rows = row_end - row_begin;
+  if (ckpt.has(prefix + ".trellis"))
+    return std::make_unique<RowsOfFullLinear>(exl3::load_exl3_linear(ckpt, prefix, in, out), row_begin, row_end);
+  const TensorInfo& w = ckpt.get(prefix + ".weight");
+  if (kind == LinearKind::kAuto && w.dtype == DType::F8_E4M3) {
+    const TensorInfo& s = ckpt.get(prefix + ".scale");
+    check_shape(w, {out, in});
+    check_shape(s, {(out + 31) / 32, (in + 31) / 32});
+    DSV_CHECK(row_begin % 32 == 0, "{}: an FP8 row slice must start at a multiple of 32 (got {})", prefix, row_begin);
+    const int64_t nb = (in + 31) / 32;
+    return std::make_unique<Lin8>(row_view(w, row_begin, rows, in), row_view(s, row_begin / 32, (rows + 31) / 32, nb),
+                                  in, rows);
+  }
+  if (kind == LinearKind::kAuto && w.dtype == DType::I8) {
+    const TensorInfo& s = ckpt.get(prefix + ".scale");
+    check_shape(w, {out, in / 2});
+    check_shape(s, {out, in / 32});
+    return std::make_unique<Lin4>(row_view(w, row_begin, rows, in / 2), row_view(s, row_begin, rows, in / 32), in,
+                                  rows);
+  }
+  std::vector<float> v = dense_values(ckpt, prefix, in, out, kind);
+  std::vector<float> part(v.begin() + row_begin * in, v.begin() + row_end * in);
+  return std::make_unique<LinDense>(std::move(part), in, rows, w.nbytes / static_cast<uint64_t>(out) * rows);
 }
 
 void linear_bf16(const Linear& lin, const float* x, int64_t m, float* y) {

@@ -19,14 +19,23 @@ namespace dsv41::model {
 enum class LinearKind { kAuto, kBF16, kF32 };
 
 // Builds the linear stored under `prefix` (`prefix.weight` [+ `prefix.scale`], or EXL3 tensors).
-// kAuto picks from the stored dtype: F8_E4M3 -> Lin8, I8 -> Lin4, BF16 -> LinBF16, F32 -> LinF32.
+// kAuto picks from the stored dtype: F8_E4M3 -> Lin8, I8 -> Lin4, BF16 -> LinBF16, F32 -> LinF32,
+// F16 (an EXL3 checkpoint's unquantized linears, EXL3.md §1.8) -> dense over the exact F16 values.
 // kBF16 / kF32 force a dense weight (e.g. an FP8 weight the reference dequantises, or a BF16
-// weight it widens to fp32; both widenings are exact, so they only document intent).
+// weight it widens to fp32; only FP8 -> kBF16 rounds, every other widening is exact).
 // Throws dsv41::Error naming the tensor when a shape or dtype does not match [out, in].
 std::unique_ptr<Linear> load_linear(const Checkpoint& ckpt, const std::string& prefix, int64_t in,
                                     int64_t out, LinearKind kind = LinearKind::kAuto);
 
-// Dense fp32 copy of a stored weight [out,in] (BF16, F32, or FP8 with block scales dequantised).
+// Tensor parallel: rows [row_begin, row_end) of the linear stored under `prefix` (a rank's share of
+// the outputs), as a linear with row_end - row_begin outputs whose values equal those rows of the
+// full linear bit for bit. FP8 needs row_begin % 32 == 0 (its 32x32 scale blocks). An EXL3 linear
+// cannot be cut by rows; it computes all outputs and keeps the slice (exact, not memory-split).
+std::unique_ptr<Linear> load_linear_rows(const Checkpoint& ckpt, const std::string& prefix, int64_t in,
+                                         int64_t out, int64_t row_begin, int64_t row_end,
+                                         LinearKind kind = LinearKind::kAuto);
+
+// Dense fp32 copy of a stored weight [out,in] (BF16, F16, F32, or FP8 with block scales dequantised).
 std::vector<float> load_dense_weight(const Checkpoint& ckpt, const std::string& prefix, int64_t in,
                                      int64_t out);
 

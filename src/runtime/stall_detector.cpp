@@ -66,6 +66,7 @@ bool StallDetector::check_now() {
       }
       spdlog::warn("stall detector: {} (counter {}): healthy again", moved ? "progress resumed" : "no work pending",
                    p);
+      notify(true, "");
     }
     return healthy_.load();
   }
@@ -86,7 +87,22 @@ bool StallDetector::check_now() {
   } catch (const std::exception& e) {
     spdlog::error("stall detector: could not write the dump: {}", e.what());
   }
+  notify(false, why);
   return false;
+}
+
+void StallDetector::on_state_change(std::function<void(bool, const std::string&)> fn) {
+  listeners_.push_back(std::move(fn));
+}
+
+void StallDetector::notify(bool healthy, const std::string& reason) {
+  for (auto& fn : listeners_) {
+    try {
+      fn(healthy, reason);
+    } catch (const std::exception& e) {
+      spdlog::error("stall detector: a state listener failed: {}", e.what());
+    }
+  }
 }
 
 std::string StallDetector::describe_components() {

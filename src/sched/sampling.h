@@ -1,6 +1,10 @@
 // Sampling on the engine side: penalties, temperature, top-k, top-p, min-p, seeded RNG, logprobs.
 // One Sampler per sequence: it owns the sequence's RNG so that the same seed and the same request
 // give the same tokens whatever else is batched alongside (and across preemption).
+//
+// sample() = distribution() + one uniform() + TokenDistribution::pick() + record(). Speculative
+// decoding (src/spec) uses the pieces separately: it needs the processed probabilities of both
+// the target and the drafter rows, and commits several tokens per step.
 #pragma once
 #include <cstdint>
 #include <random>
@@ -29,6 +33,19 @@ struct SampledToken {
   int32_t id = 0;
   float logprob = 0.0f;                              // log-softmax of the raw logits
   std::vector<std::pair<int32_t, float>> top;        // best raw logprobs, descending
+  int64_t step = 0;  // the sequence's target step that committed it (set by the scheduler; 1 = first)
+};
+
+// The distribution one sampling step draws from, after every request transform: candidates
+// (most likely first) with unnormalised weights; probability = weight / total. Greedy requests
+// give a single candidate of weight 1.
+struct TokenDistribution {
+  std::vector<int32_t> ids;
+  std::vector<double> weights;
+  double total = 0.0;
+  double prob(int32_t id) const;
+  // The candidate whose cumulative weight interval holds u·total (u in [0, 1)).
+  int32_t pick(double u) const;
 };
 
 class Sampler {
@@ -38,14 +55,23 @@ class Sampler {
   // below min_tokens). Records the token for the penalties.
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> banned = {});
   const SamplingParams& params() const { return p_; }
+  bool greedy() const { return p_.temperature < 1e-5 || p_.top_k == 1; }
+
+  // The distribution sample() would draw from for this row, without drawing or recording.
+  // `pending` are tokens counted as already generated on top of the recorded ones (penalties of
+  // a speculative draft position that follows earlier drafts).
+  TokenDistribution distribution(std::span<const float> logits, std::span<const int32_t> banned = {},
+                                 std::span<const int32_t> pending = {}) const;
+  // Next uniform in [0, 1) from this sequence's RNG (53 bits of one engine output).
+  double uniform();
+  // Commits `id` (counted for the penalties) and fills its logprobs from the raw row.
+  SampledToken record(int32_t id, std::span<const float> logits);
 
  private:
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int32_t> output_counts_;
   std::vector<int32_t> prompt_ids_;  // distinct prompt ids, for repetition_penalty
-  std::vector<float> work_;
-  std::vector<int32_t> order_;
 };
 
 }  // namespace dsv41::sched

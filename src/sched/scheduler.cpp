@@ -4,7 +4,9 @@
 
 #include <algorithm>
 
+#include "dsv41/dist/collective.h"
 #include "dsv41/common/error.h"
+#include "spec/speculator.h"
 
 namespace dsv41::sched {
 
@@ -17,17 +19,21 @@ struct Scheduler::Sequence {
   int64_t n_generated = 0;
   int64_t n_fed = 0;            // tokens already inside `state`
   std::unique_ptr<SeqState> state;
-  int64_t blocks = 0;           // pool blocks held
+  int64_t room = 0;             // context tokens the state has room for (whole pool blocks)
   std::vector<float> logits;
   int64_t chunk = 0;            // tokens fed in the step being built
+  spec::BanRule bans;           // EOS and stop ids while below min_tokens
+  int64_t steps = 0;            // target steps that committed tokens (SampledToken::step)
+  std::unique_ptr<spec::SeqSpeculator> spec;  // null: this sequence never speculates
+  bool verifying = false;       // this step feeds [anchor, drafts] (chunk = 1 + drafts)
 };
 
-Scheduler::Scheduler(Model& model, const SchedulerOptions& o)
+Scheduler::Scheduler(Model& model, const SchedulerOptions& o, spec::SpecBackend* spec)
     : model_(model),
+      spec_(spec),
       opt_(o),
       bytes_(state_bytes(model.config())),
-      pool_(static_cast<int64_t>(o.kv_cache_gib * 1024.0 * 1024.0 * 1024.0), bytes_.packed_per_token,
-            bytes_.packed_fixed, o.block_tokens) {
+      pool_(static_cast<int64_t>(o.kv_cache_gib * 1024.0 * 1024.0 * 1024.0), o.block_tokens) {
   const auto& c = model.config();
   if (opt_.max_model_len <= 0) opt_.max_model_len = c.max_position_embeddings;
   DSV_CHECK(opt_.max_model_len <= c.max_position_embeddings,
@@ -35,10 +41,22 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& o)
             c.max_position_embeddings);
   DSV_CHECK(opt_.max_num_seqs >= 1, "--max-num-seqs must be at least 1");
   DSV_CHECK(opt_.max_num_batched_tokens >= 1, "--max-num-batched-tokens must be at least 1");
-  DSV_CHECK(pool_.total_blocks() > pool_.fixed_blocks(),
-            "--kv-cache-gib {} is too small: one sequence's fixed state alone needs {} bytes", opt_.kv_cache_gib,
-            bytes_.packed_fixed);
-  stats_.total_blocks = stats_.free_blocks = pool_.total_blocks();
+  const int64_t one_block = model.state_bytes(pool_.room_for(1, opt_.max_model_len));
+  DSV_CHECK(one_block <= pool_.capacity_bytes(),
+            "--kv-cache-gib {} is too small: one sequence with room for {} tokens needs {} bytes", opt_.kv_cache_gib,
+            pool_.room_for(1, opt_.max_model_len), one_block);
+  // The longest context one sequence can have in the pool (state_bytes grows with the room).
+  int64_t lo = 1, hi = opt_.max_model_len;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (model.state_bytes(mid) <= pool_.capacity_bytes()) lo = mid;
+    else hi = mid - 1;
+  }
+  capacity_tokens_ = lo;
+  stats_.pool_capacity_bytes = pool_.capacity_bytes();
+  spec::validate(opt_.spec);
+  DSV_CHECK(opt_.spec.method == spec::SpecMethod::none || spec_ != nullptr,
+            "--spec-method {}: this engine has no speculative decoding backend", spec::spec_method_name(opt_.spec.method));
 }
 
 Scheduler::~Scheduler() { stop(); }
@@ -76,20 +94,30 @@ std::shared_ptr<TokenChannel> Scheduler::submit(GenerationRequest r) {
             "this model's maximum context length is {} tokens; the request needs {} ({} in the prompt + {} to "
             "generate)",
             opt_.max_model_len, need, r.prompt.size(), r.max_tokens);
-  DSV_CHECK(pool_.blocks_for(need) <= pool_.total_blocks(),
+  DSV_CHECK(model_.state_bytes(pool_.room_for(need, opt_.max_model_len)) <= pool_.capacity_bytes(),
             "the request needs {} tokens of sequence state but the pool (--kv-cache-gib) holds {}", need,
-            pool_.capacity_tokens());
+            capacity_tokens_);
 
   auto s = std::make_unique<Sequence>();
   s->ch = std::make_shared<TokenChannel>(static_cast<int64_t>(r.prompt.size()));
   s->sampler = std::make_unique<Sampler>(r.sampling, r.prompt);
   s->tokens = r.prompt;
+  s->bans.min_tokens = r.min_tokens;
+  if (!r.ignore_eos) s->bans.ids.push_back(static_cast<int32_t>(c.eos_token_id));
+  s->bans.ids.insert(s->bans.ids.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
+  if (spec_ && opt_.spec.method != spec::SpecMethod::none && r.spec_tokens != 0) {
+    spec::SpecOptions so = opt_.spec;
+    if (r.spec_tokens > 0)
+      so.max_draft_tokens = so.max_draft_tokens > 0 ? std::min(so.max_draft_tokens, r.spec_tokens) : r.spec_tokens;
+    s->spec = std::make_unique<spec::SeqSpeculator>(so, spec_->block_size());
+  }
   s->req = std::move(r);
   auto ch = s->ch;
   {
     std::lock_guard lk(mu_);
     if (stopping_) throw Overloaded("the server is shutting down");
     if (!stats_.healthy) throw Overloaded("the engine has failed");
+    if (stalled_) throw Overloaded("the engine is not making progress (" + stalled_reason_ + ")");
     if (stats_.waiting + static_cast<int64_t>(inbox_.size()) >= opt_.max_waiting)
       throw Overloaded("too many requests are waiting");
     s->arrival = next_arrival_++;
@@ -101,6 +129,9 @@ std::shared_ptr<TokenChannel> Scheduler::submit(GenerationRequest r) {
       cv_.notify_all();
     };
     inbox_.push_back(std::move(s));
+    std::erase_if(open_, [](const auto& w) { auto c = w.lock(); return !c || c->finish_reason() != FinishReason::none; });
+    open_.push_back(ch);
+    pending_.store(stats_.running + stats_.waiting + static_cast<int64_t>(inbox_.size()));
   }
   cv_.notify_all();
   return ch;
@@ -123,7 +154,12 @@ void Scheduler::loop() {
       inbox_.clear();
     }
     try {
-      step();
+      if (step()) ++steps_done_;
+      else if (!running_.empty() || !waiting_.empty()) {
+        // Work is held back (memory gate): look again shortly instead of spinning.
+        std::unique_lock lk(mu_);
+        cv_.wait_for(lk, std::chrono::milliseconds(20), [&] { return stopping_ || !inbox_.empty() || wake_; });
+      }
     } catch (const std::exception& e) {
       // A failure outside forward (allocation of a state, sampling): fail what runs, keep serving.
       spdlog::error("scheduler step failed: {}", e.what());
@@ -134,9 +170,10 @@ void Scheduler::loop() {
 }
 
 void Scheduler::drop(Sequence& s) {
-  s.state.reset();
-  pool_.give_back(s.blocks);
-  s.blocks = 0;
+  if (spec_ && s.state) spec_->release(*s.state);
+  s.verifying = false;
+  s.state.reset();  // its buffers go back to the pool
+  s.room = 0;
   s.n_fed = 0;
 }
 
@@ -153,11 +190,17 @@ void Scheduler::finish(Sequence& s, FinishReason r, const std::string& err) {
   }
 }
 
+// Gives a sequence room for `tokens` context tokens (whole blocks). With no state yet it is
+// created in the pool; otherwise the engine enlarges its buffers there. False when the pool
+// cannot take the extra bytes.
 bool Scheduler::grow(Sequence& s, int64_t tokens) {
-  const int64_t need = pool_.blocks_for(tokens) - s.blocks;
-  if (need <= 0) return true;
-  if (!pool_.try_take(need)) return false;
-  s.blocks += need;
+  if (s.state && tokens <= s.room) return true;
+  const int64_t room = pool_.room_for(tokens, opt_.max_model_len);
+  const int64_t extra = model_.state_bytes(room) - (s.state ? model_.state_bytes(s.room) : 0);
+  if (!pool_.fits(extra)) return false;
+  if (s.state) model_.reserve_sequence(*s.state, room);
+  else s.state = model_.new_sequence(pool_, room);
+  s.room = room;
   return true;
 }
 
@@ -183,14 +226,21 @@ bool Scheduler::preempt_youngest_other(const Sequence* keep) {
 }
 
 bool Scheduler::step() {
-  // 1. Cancelled sequences leave now (their state is freed before the next forward).
+  // 1. Cancelled sequences leave now (their state is freed before the next forward); so do
+  // sequences whose request was already failed from outside (a stall).
   auto cancelled = [&](std::unique_ptr<Sequence>& s) {
-    if (!s->ch->cancelled()) return false;
+    if (!s->ch->cancelled() && s->ch->finish_reason() == FinishReason::none) return false;
     finish(*s, FinishReason::abort);
     return true;
   };
   std::erase_if(running_, cancelled);
   std::erase_if(waiting_, cancelled);
+
+  // Below the memory margin nothing new is admitted and prefill pauses (decode continues).
+  const bool memory_ok = !opt_.memory_ok || opt_.memory_ok();
+  // The memory watchdog asked for room: the youngest running sequence goes back to waiting
+  // (a request that arrives after memory recovered is dropped).
+  if (preempt_requested_.exchange(false) && !memory_ok) preempt_youngest_other(nullptr);
 
   // 2. Plan: decode every running sequence, then prefill chunks, then admit FCFS.
   int64_t budget = opt_.max_num_batched_tokens;
@@ -206,17 +256,17 @@ bool Scheduler::step() {
     s->chunk = 1;
     --budget;
   }
+  plan_speculation(budget);
   for (auto& s : running_) {
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->n_fed;
-    if (remaining <= 1 || budget <= 0) continue;
+    if (remaining <= 1 || budget <= 0 || !memory_ok) continue;
     s->chunk = std::min(remaining, budget);
     budget -= s->chunk;
   }
-  while (budget > 0 && !waiting_.empty() && static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
+  while (memory_ok && budget > 0 && !waiting_.empty() && static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
     Sequence& s = *waiting_.front();
     // The whole prompt (plus re-fed output after a preemption) is reserved at admission.
     if (!grow(s, static_cast<int64_t>(s.tokens.size()))) break;
-    s.state = model_.new_sequence();
     // Everything fed before the first sample is one prompt (after a preemption: prompt + output),
     // so the engine lays the chunks out as one prefill of that length.
     s.state->prompt_len = static_cast<int64_t>(s.tokens.size());
@@ -229,13 +279,19 @@ bool Scheduler::step() {
 
   std::vector<ForwardItem> batch;
   std::vector<Sequence*> members;
+  std::vector<uint8_t> verify;
   int64_t step_tokens = 0;
   for (auto& s : running_) {
     if (s->chunk == 0) continue;
     ForwardItem it;
     it.state = s->state.get();
     it.tokens = std::span<const int32_t>(s->tokens.data() + s->n_fed, static_cast<size_t>(s->chunk));
+    if (s->verifying) {
+      it.tokens = s->spec->verify_tokens();
+      it.all_logits = true;
+    }
     it.logits = &s->logits;
+    verify.push_back(s->verifying ? 1 : 0);
     batch.push_back(it);
     members.push_back(s.get());
     step_tokens += s->chunk;
@@ -244,11 +300,13 @@ bool Scheduler::step() {
     std::lock_guard lk(mu_);
     stats_.running = static_cast<int64_t>(running_.size());
     stats_.waiting = static_cast<int64_t>(waiting_.size());
-    stats_.free_blocks = pool_.free_blocks();
+    stats_.pool_used_bytes = pool_.used_bytes();
+    stats_.pool_peak_bytes = pool_.peak_bytes();
     stats_.kv_usage = pool_.usage();
     int64_t live = 0;
     for (auto& s : running_) live += s->state != nullptr;
     stats_.live_states = live;
+    pending_.store(stats_.running + stats_.waiting + static_cast<int64_t>(inbox_.size()));
   };
   if (batch.empty()) {
     publish();
@@ -257,10 +315,13 @@ bool Scheduler::step() {
 
   // 3. Forward. A throwing batch leaves its states unspecified: fail those sequences.
   try {
-    model_.forward(batch);
+    if (spec_) spec_->forward(batch, verify);
+    else model_.forward(batch);
   } catch (const std::exception& e) {
     spdlog::error("forward failed for a batch of {} sequences: {}", batch.size(), e.what());
-    for (Sequence* s : members) finish(*s, FinishReason::error, "internal error");
+    // A tensor-parallel rank that is down is named to the client (503); anything else stays internal.
+    const bool tp_down = dynamic_cast<const dist::TpUnavailable*>(&e) != nullptr;
+    for (Sequence* s : members) finish(*s, FinishReason::error, tp_down ? e.what() : "internal error");
     std::erase_if(running_, [](const auto& s) { return s->ch->finish_reason() != FinishReason::none; });
     publish();
     return true;
@@ -268,35 +329,23 @@ bool Scheduler::step() {
 
   // 4. Sample where a sequence has consumed everything it had.
   const auto& cfg = model_.config();
-  const int32_t eos = static_cast<int32_t>(cfg.eos_token_id);
   const size_t vocab = static_cast<size_t>(cfg.vocab_size);
   int64_t new_tokens = 0, prompt_tokens = 0;
   for (Sequence* s : members) {
+    if (s->verifying) {
+      new_tokens += commit_verified(*s);
+      continue;
+    }
     const bool first_pass = s->n_generated == 0;
     s->n_fed += s->chunk;
     if (first_pass) prompt_tokens += s->chunk;
     if (s->n_fed < static_cast<int64_t>(s->tokens.size())) continue;
     DSV_ASSERT(s->logits.size() >= vocab, "forward returned {} logits, vocab is {}", s->logits.size(), vocab);
     std::span<const float> row(s->logits.data() + (s->logits.size() - vocab), vocab);
-    std::vector<int32_t> banned;
-    if (s->n_generated < s->req.min_tokens) {
-      if (!s->req.ignore_eos) banned.push_back(eos);
-      banned.insert(banned.end(), s->req.stop_token_ids.begin(), s->req.stop_token_ids.end());
-    }
-    SampledToken t = s->sampler->sample(row, banned);
-    ++s->n_generated;
+    SampledToken t = s->sampler->sample(row, s->bans.at(s->n_generated));
+    t.step = ++s->steps;
     ++new_tokens;
-    const bool is_eos = t.id == eos && !s->req.ignore_eos;
-    const bool is_stop_id =
-        std::find(s->req.stop_token_ids.begin(), s->req.stop_token_ids.end(), t.id) != s->req.stop_token_ids.end();
-    if (is_eos || is_stop_id) {
-      finish(*s, FinishReason::stop);
-      continue;
-    }
-    s->tokens.push_back(t.id);
-    s->ch->push(t);
-    if (s->n_generated >= s->req.max_tokens || static_cast<int64_t>(s->tokens.size()) >= opt_.max_model_len)
-      finish(*s, FinishReason::length);
+    deliver(*s, std::move(t));
   }
   std::erase_if(running_, [](const auto& s) { return s->ch->finish_reason() != FinishReason::none; });
   {
@@ -308,6 +357,117 @@ bool Scheduler::step() {
   }
   publish();
   return true;
+}
+
+bool Scheduler::deliver(Sequence& s, SampledToken t) {
+  const int32_t eos = static_cast<int32_t>(model_.config().eos_token_id);
+  ++s.n_generated;
+  const bool is_eos = t.id == eos && !s.req.ignore_eos;
+  const bool is_stop_id =
+      std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), t.id) != s.req.stop_token_ids.end();
+  if (is_eos || is_stop_id) {
+    // The ending token was generated: it is delivered (counted in usage like OpenAI/vLLM do,
+    // shown as no text) and not fed back.
+    s.ch->push(t);
+    finish(s, FinishReason::stop);
+    return false;
+  }
+  s.tokens.push_back(t.id);
+  s.ch->push(t);
+  if (s.n_generated >= s.req.max_tokens || static_cast<int64_t>(s.tokens.size()) >= opt_.max_model_len) {
+    finish(s, FinishReason::length);
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- speculative decoding
+// Runs after the decode steps are planned (each with chunk 1): a sequence that speculates this
+// step drafts from its committed state and its unfed last token (the anchor), and its decode
+// item becomes a verify item [anchor, d1 .. dk]. The drafts take step budget and pool room that
+// are free now; they never preempt anyone.
+void Scheduler::plan_speculation(int64_t& budget) {
+  for (auto& s : running_) s->verifying = false;
+  if (!spec_ || opt_.spec.method == spec::SpecMethod::none) return;
+  std::vector<Sequence*> decoding;
+  for (auto& s : running_) {
+    const bool decode = s->chunk == 1 && s->n_generated > 0 && s->state &&
+                        static_cast<int64_t>(s->tokens.size()) - s->n_fed == 1 && s->n_fed >= s->state->prompt_len;
+    if (decode) decoding.push_back(s.get());
+  }
+  const bool wide =
+      opt_.spec.disable_batch_size > 0 && static_cast<int64_t>(decoding.size()) > opt_.spec.disable_batch_size;
+  int64_t fallbacks = 0;
+  std::vector<Sequence*> drafting;
+  std::vector<int64_t> caps;
+  for (Sequence* s : decoding) {
+    if (!s->spec) continue;
+    if (!s->spec->wants_draft()) {
+      s->spec->skip_step();
+      continue;
+    }
+    // A seeded sampled request keeps speculating in a wide batch: its tokens then depend only on
+    // its own seed and request, not on what else runs.
+    if (wide && !(s->req.sampling.has_seed && !s->sampler->greedy())) {
+      s->spec->skip_step();
+      ++fallbacks;
+      continue;
+    }
+    // Each verify step commits at most drafts + 1 tokens: stay within max_tokens and the context.
+    const int64_t cap = std::min({s->spec->max_drafts(), s->req.max_tokens - s->n_generated - 1,
+                                  opt_.max_model_len - static_cast<int64_t>(s->tokens.size())});
+    if (cap < 1) {
+      s->spec->skip_step();
+      continue;
+    }
+    drafting.push_back(s);
+    caps.push_back(cap);
+  }
+  if (fallbacks > 0) {
+    std::lock_guard lk(mu_);
+    stats_.spec.fallback_steps += fallbacks;
+  }
+  if (drafting.empty()) return;
+  std::vector<spec::Draft> drafts(drafting.size());
+  std::vector<spec::DraftItem> items(drafting.size());
+  for (size_t i = 0; i < drafting.size(); ++i)
+    items[i] = spec::DraftItem{drafting[i]->state.get(), drafting[i]->tokens.back(), &drafts[i]};
+  spec_->draft(items);
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    Sequence* s = drafting[i];
+    int64_t k = s->spec->propose(drafts[i], caps[i], *s->sampler, s->bans, s->n_generated);
+    k = std::min(k, budget);
+    while (k > 0 && !grow(*s, s->n_fed + 1 + k)) --k;
+    s->spec->truncate(k);
+    if (k == 0) continue;
+    s->verifying = true;
+    s->chunk = 1 + k;
+    budget -= k;
+  }
+}
+
+int64_t Scheduler::commit_verified(Sequence& s) {
+  const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
+  const int64_t k = s.spec->k();
+  DSV_ASSERT(s.logits.size() == static_cast<size_t>(k + 1) * vocab, "verify forward returned {} logits for {} rows",
+             s.logits.size(), k + 1);
+  spec::VerifyOutcome v = s.spec->verify(s.logits, static_cast<int64_t>(vocab), *s.sampler, s.bans, s.n_generated);
+  s.verifying = false;
+  // The state keeps the anchor and the accepted drafts; the last committed token stays unfed.
+  spec_->rollback(*s.state, v.accepted + 1);
+  s.n_fed += v.accepted + 1;
+  {
+    std::lock_guard lk(mu_);
+    stats_.spec.record(k, v.accepted);
+  }
+  const int64_t step = ++s.steps;
+  int64_t delivered = 0;
+  for (auto& t : v.tokens) {
+    t.step = step;
+    ++delivered;
+    if (!deliver(s, std::move(t))) break;
+  }
+  return delivered;
 }
 
 }  // namespace dsv41::sched

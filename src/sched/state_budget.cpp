@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <spdlog/spdlog.h>
+
 #include "dsv41/common/error.h"
 
 namespace dsv41::sched {
@@ -35,32 +37,43 @@ StateBytes state_bytes(const ModelConfig& c) {
   return b;
 }
 
-StatePool::StatePool(int64_t pool_bytes, int64_t per_token_bytes, int64_t fixed_bytes, int64_t block_tokens)
-    : block_tokens_(block_tokens) {
-  DSV_CHECK(block_tokens > 0 && per_token_bytes > 0, "state pool: bad block geometry");
-  block_bytes_ = per_token_bytes * block_tokens;
-  fixed_blocks_ = (fixed_bytes + block_bytes_ - 1) / block_bytes_;
-  total_blocks_ = pool_bytes / block_bytes_;
-  free_blocks_ = total_blocks_;
+StatePool::StatePool(int64_t capacity_bytes, int64_t block_tokens)
+    : capacity_(capacity_bytes), block_tokens_(block_tokens) {
+  DSV_CHECK(block_tokens > 0, "state pool: block size must be positive, got {}", block_tokens);
+  DSV_CHECK(capacity_bytes > 0, "state pool: capacity must be positive, got {} bytes", capacity_bytes);
 }
 
-int64_t StatePool::blocks_for(int64_t tokens) const {
-  return fixed_blocks_ + (std::max<int64_t>(tokens, 0) + block_tokens_ - 1) / block_tokens_;
+StatePool::~StatePool() {
+  // Every state must be gone before its pool (the scheduler declares the pool first). The bytes
+  // come from the heap, so a straggler is still freed correctly; it is a bookkeeping bug to report.
+  if (live_.load() != 0)
+    spdlog::error("state pool destroyed with {} live allocations ({} bytes)", live_.load(), used_.load());
 }
 
-bool StatePool::try_take(int64_t blocks) {
-  if (blocks > free_blocks_) return false;
-  free_blocks_ -= blocks;
-  return true;
-}
-
-void StatePool::give_back(int64_t blocks) {
-  free_blocks_ += blocks;
-  DSV_ASSERT(free_blocks_ <= total_blocks_, "state pool: {} blocks returned twice", blocks);
+int64_t StatePool::room_for(int64_t tokens, int64_t limit) const {
+  const int64_t t = std::max<int64_t>(tokens, 0);
+  const int64_t blocks = (t + block_tokens_ - 1) / block_tokens_;
+  return std::max(t, std::min(blocks * block_tokens_, limit));
 }
 
 double StatePool::usage() const {
-  return total_blocks_ ? 1.0 - static_cast<double>(free_blocks_) / static_cast<double>(total_blocks_) : 0.0;
+  return static_cast<double>(used_bytes()) / static_cast<double>(capacity_);
+}
+
+void* StatePool::do_allocate(size_t bytes, size_t alignment) {
+  void* p = std::pmr::new_delete_resource()->allocate(bytes, alignment);
+  const int64_t now = used_.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
+  ++live_;
+  int64_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+
+void StatePool::do_deallocate(void* p, size_t bytes, size_t alignment) {
+  std::pmr::new_delete_resource()->deallocate(p, bytes, alignment);
+  used_.fetch_sub(static_cast<int64_t>(bytes));
+  --live_;
 }
 
 }  // namespace dsv41::sched

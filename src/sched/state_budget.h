@@ -1,8 +1,10 @@
 // Sequence-state memory: the per-token and per-sequence bytes of MODEL.md §5.7 computed from the
-// config, and a block-granular pool sized by --kv-cache-gib that the scheduler admits, grows and
-// preempts sequences against (no per-token allocation: a sequence takes whole blocks).
+// config (printed at start-up), and the pool sized by --kv-cache-gib that every sequence state is
+// allocated from.
 #pragma once
+#include <atomic>
 #include <cstdint>
+#include <memory_resource>
 #include <string>
 #include <vector>
 
@@ -22,31 +24,41 @@ struct StateBytes {
 
 StateBytes state_bytes(const ModelConfig& c);
 
-// Block-granular accounting of the state pool. Capacity and all requests are in tokens; a block
-// holds `block_tokens` tokens of growth; each sequence also holds `fixed_blocks` for its fixed
-// state.
-class StatePool {
+// The sequence-state pool (--kv-cache-gib). It is the memory resource every pooled sequence
+// state is allocated from (Model::new_sequence(pool, capacity)): each byte the engine takes for a
+// sequence is counted here when allocated and uncounted when the state returns it, so used_bytes()
+// is the real size of all live states. Sequences get room in whole blocks of `block_tokens`
+// context tokens (no per-token allocation); the scheduler admits, grows and preempts against
+// fits(), which keeps used_bytes() at or below the capacity at every step boundary. The bytes
+// themselves come from the system allocator (so ASan/LSan see every buffer); the pool's job is the
+// exact count and the limit. While one buffer of a growing state is copied into its larger
+// replacement both exist for a moment; peak_bytes() records that.
+class StatePool final : public std::pmr::memory_resource {
  public:
-  StatePool(int64_t pool_bytes, int64_t per_token_bytes, int64_t fixed_bytes, int64_t block_tokens);
+  StatePool(int64_t capacity_bytes, int64_t block_tokens);
+  StatePool(const StatePool&) = delete;
+  StatePool& operator=(const StatePool&) = delete;
+  ~StatePool() override;
 
   int64_t block_tokens() const { return block_tokens_; }
-  int64_t total_blocks() const { return total_blocks_; }
-  int64_t free_blocks() const { return free_blocks_; }
-  int64_t fixed_blocks() const { return fixed_blocks_; }
-  // Tokens one sequence alone can hold (after its fixed state).
-  int64_t capacity_tokens() const { return (total_blocks_ - fixed_blocks_) * block_tokens_; }
-  // Blocks a sequence of `tokens` context needs in total (fixed part included).
-  int64_t blocks_for(int64_t tokens) const;
-  bool try_take(int64_t blocks);
-  void give_back(int64_t blocks);
+  int64_t capacity_bytes() const { return capacity_; }
+  int64_t used_bytes() const { return used_.load(); }
+  int64_t peak_bytes() const { return peak_.load(); }
+  int64_t live_allocations() const { return live_.load(); }
+  // True when `more` bytes can be taken without passing the capacity.
+  bool fits(int64_t more) const { return used_bytes() + more <= capacity_; }
+  // Context room (tokens) for a sequence needing `tokens`: whole blocks, at most `limit`.
+  int64_t room_for(int64_t tokens, int64_t limit) const;
   double usage() const;
 
  private:
+  void* do_allocate(size_t bytes, size_t alignment) override;
+  void do_deallocate(void* p, size_t bytes, size_t alignment) override;
+  bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override { return this == &other; }
+
+  int64_t capacity_;
   int64_t block_tokens_;
-  int64_t block_bytes_;
-  int64_t fixed_blocks_;
-  int64_t total_blocks_;
-  int64_t free_blocks_;
+  std::atomic<int64_t> used_{0}, peak_{0}, live_{0};
 };
 
 }  // namespace dsv41::sched

@@ -41,20 +41,27 @@ std::string TokenChannel::error() const {
   return error_;
 }
 
+bool TokenChannel::retryable() const {
+  std::lock_guard lk(mu_);
+  return retryable_;
+}
+
 void TokenChannel::push(const SampledToken& t) {
   {
     std::lock_guard lk(mu_);
+    if (reason_ != FinishReason::none) return;  // failed from outside (stall) while the step ran
     pending_.push_back(t);
   }
   cv_.notify_all();
 }
 
-void TokenChannel::finish(FinishReason r, std::string error) {
+void TokenChannel::finish(FinishReason r, std::string error, bool retryable) {
   {
     std::lock_guard lk(mu_);
     if (reason_ != FinishReason::none) return;
     reason_ = r;
     error_ = std::move(error);
+    retryable_ = retryable;
     on_cancel_ = nullptr;  // the scheduler may be gone by the time a late cancel arrives
   }
   cv_.notify_all();

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "dsv41/common/error.h"
+#include "text/utf8.h"
 #include "serve/api_error.h"
 #include "serve/generation.h"
 #include "serve/request_params.h"
@@ -76,7 +77,7 @@ HttpResponse Api::handle(const HttpRequest& r) noexcept {
     }
   } catch (const ApiError& e) {
     try {
-      res = error_response(e, opt_.retry_after_s);
+      res = error_response(e, e.retry_after_s > 0 ? e.retry_after_s : opt_.retry_after_s);
       std::lock_guard lk(metrics_->mu);
       (e.status >= 500 ? metrics_->http_errors_5xx : metrics_->http_errors_4xx)++;
     } catch (...) {
@@ -107,8 +108,24 @@ HttpResponse Api::route(const HttpRequest& r) {
   auto method = [&](const char* m) {
     if (r.method != m) throw ApiError(405, fmt::format("{} needs {}", p, m), "invalid_request_error", "", "method_not_allowed");
   };
-  if (p == "/v1/chat/completions") return method("POST"), chat_completions(r);
-  if (p == "/v1/completions") return method("POST"), completions(r);
+  if (p == "/v1/chat/completions" || p == "/v1/completions") {
+    method("POST");
+    if (opt_.admission) {
+      // Below the memory margin new work is refused before it takes any memory.
+      const runtime::Admission a = opt_.admission();
+      if (!a.admit) {
+        {
+          std::lock_guard lk(metrics_->mu);
+          ++metrics_->rejected_overload;
+        }
+        ApiError e(503, fmt::format("the server is low on memory ({}); retry later", a.reason), "service_unavailable",
+                   "", "low_memory");
+        e.retry_after_s = a.retry_after_s;
+        throw e;
+      }
+    }
+    return p == "/v1/completions" ? completions(r) : chat_completions(r);
+  }
   if (p == "/v1/models" || p.rfind("/v1/models/", 0) == 0) return method("GET"), models(r);
   if (p == "/metrics") return method("GET"), metrics_text();
   if (p == "/tokenize") return method("POST"), tokenize(r);
@@ -117,12 +134,21 @@ HttpResponse Api::route(const HttpRequest& r) {
 }
 
 HttpResponse Api::health() {
-  if (!ready_.load() || !sched_.stats().healthy) {
-    HttpResponse r = json_response({{"status", "unavailable"}}, 503);
+  Json body = {{"status", "ok"}};
+  bool healthy = ready_.load() && sched_.stats().healthy;
+  if (opt_.runtime_health) {
+    // Stall detector (unhealthy -> 503) and memory watchdog (reported; admission is per request).
+    const runtime::RuntimeHealth h = opt_.runtime_health();
+    healthy = healthy && h.healthy;
+    for (auto it = h.detail.begin(); it != h.detail.end(); ++it) body[it.key()] = Json::parse(it.value().dump());
+  }
+  if (!healthy) {
+    body["status"] = ready_.load() ? "unhealthy" : "unavailable";
+    HttpResponse r = json_response(body, 503);
     r.headers.emplace_back("Retry-After", std::to_string(opt_.retry_after_s));
     return r;
   }
-  return json_response({{"status", "ok"}});
+  return json_response(body);
 }
 
 HttpResponse Api::models(const HttpRequest& r) {
@@ -255,7 +281,7 @@ HttpResponse Api::completions(const HttpRequest& r) {
     if (echo) {
       std::string t;
       for (int32_t id : p) t += text_.token_bytes(id);
-      in.echo_text = sanitize_utf8(t);
+      in.echo_text = text::utf8::decode_lossy(t);
     }
     in.prompt = std::move(p);
     spec.prompts.push_back(std::move(in));
@@ -286,7 +312,7 @@ HttpResponse Api::tokenize(const HttpRequest& r) {
   out["tokens"] = ids;
   if (get_bool(body, "return_token_strs", false)) {
     Json strs = Json::array();
-    for (int32_t id : ids) strs.push_back(sanitize_utf8(text_.token_bytes(id)));
+    for (int32_t id : ids) strs.push_back(text::utf8::decode_lossy(text_.token_bytes(id)));
     out["token_strs"] = strs;
   }
   return json_response(out);
@@ -299,7 +325,7 @@ HttpResponse Api::detokenize(const HttpRequest& r) {
   auto ids = token_array(body["tokens"], sched_.config().vocab_size, "tokens");
   std::string text;
   for (int32_t id : ids) text += text_.token_bytes(id);
-  return json_response({{"prompt", sanitize_utf8(text)}});
+  return json_response({{"prompt", text::utf8::decode_lossy(text)}});
 }
 
 HttpResponse Api::metrics_text() {
@@ -325,8 +351,9 @@ HttpResponse Api::metrics_text() {
   counter("dsv41:request_errors_total", "Sequences that failed inside the engine.", s.finished_error);
   counter("dsv41:engine_iterations_total", "Engine steps (one batched forward each).", s.iterations_total);
   counter("dsv41:iteration_tokens_total", "Tokens processed by all engine steps.", s.iteration_tokens_total);
-  gauge("dsv41:state_pool_free_blocks", "Free blocks of the sequence-state pool.", static_cast<double>(s.free_blocks));
-  gauge("dsv41:state_pool_total_blocks", "Blocks of the sequence-state pool.", static_cast<double>(s.total_blocks));
+  gauge("dsv41:state_pool_used_bytes", "Bytes of the sequence-state pool held by live sequences.", static_cast<double>(s.pool_used_bytes));
+  gauge("dsv41:state_pool_capacity_bytes", "Capacity of the sequence-state pool (--kv-cache-gib).", static_cast<double>(s.pool_capacity_bytes));
+  gauge("dsv41:state_pool_peak_bytes", "Most bytes the sequence-state pool has held.", static_cast<double>(s.pool_peak_bytes));
   gauge("dsv41:live_sequence_states", "Sequence states currently allocated.", static_cast<double>(s.live_states));
   {
     std::lock_guard lk(metrics_->mu);
@@ -334,11 +361,13 @@ HttpResponse Api::metrics_text() {
     counter("dsv41:http_server_errors_total", "Requests answered with a 5xx error.", static_cast<int64_t>(metrics_->http_errors_5xx));
     counter("dsv41:requests_rejected_total", "Requests refused because the server was overloaded.", static_cast<int64_t>(metrics_->rejected_overload));
   }
+  render_spec_metrics(out, s.spec, lbl);
   metrics_->ttft.render(out, "vllm:time_to_first_token_seconds", "Time to the first generated token.", lbl);
   metrics_->inter_token.render(out, "vllm:inter_token_latency_seconds", "Time between generated tokens.", lbl);
   metrics_->e2e.render(out, "vllm:e2e_request_latency_seconds", "Request latency.", lbl);
   metrics_->prompt_tokens.render(out, "vllm:request_prompt_tokens", "Prompt tokens per request.", lbl);
   metrics_->generation_tokens.render(out, "vllm:request_generation_tokens", "Generated tokens per choice.", lbl);
+  if (opt_.extra_metrics) out += opt_.extra_metrics();
   HttpResponse r;
   r.content_type = "text/plain; version=0.0.4";
   r.body = std::move(out);

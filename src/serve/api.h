@@ -3,10 +3,13 @@
 // tests can run it in-process; HttpServer puts it on a socket.
 #pragma once
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dsv41/runtime/health.h"
+#include "dsv41/runtime/watchdog.h"
 #include "dsv41/serve/http.h"
 #include "dsv41/serve/text_backend.h"
 #include "sched/scheduler.h"
@@ -24,6 +27,10 @@ struct ApiOptions {
   int poll_ms = 20;                   // how often a waiting handler looks at its channel
   int keepalive_ms = 2000;            // idle SSE streams send a comment this often (detects gone clients)
   int retry_after_s = 1;              // Retry-After on 429/503
+  // Runtime guards (issue 11), each optional:
+  std::function<runtime::Admission()> admission;           // memory watchdog: no -> 503 + its Retry-After
+  std::function<runtime::RuntimeHealth()> runtime_health;  // merged into /health; unhealthy -> 503
+  std::function<std::string()> extra_metrics;              // appended to /metrics (e.g. the Engram store)
 };
 
 class Api {

@@ -17,6 +17,7 @@ class ApiError : public std::runtime_error {
       : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)), code(std::move(code)) {}
   int status;
   std::string type, param, code;
+  int retry_after_s = 0;  // 429/503: the Retry-After to send (0: the server's default)
 };
 
 inline ApiError bad_request(std::string message, std::string param = {}, std::string code = {}) {

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "dsv41/common/error.h"
+#include "text/utf8.h"
 
 namespace dsv41::serve {
 
@@ -28,7 +29,7 @@ struct ToolCallAcc {
 struct Choice {
   int index = 0;
   std::shared_ptr<sched::TokenChannel> ch;
-  std::unique_ptr<ChoiceText> text;
+  std::unique_ptr<ChoiceOutput> text;
   bool finished = false;       // channel closed and text flushed
   bool started = false;        // first chunk (role) sent
   std::string reason;          // OpenAI finish_reason
@@ -71,9 +72,18 @@ class Generation {
         r.stop_token_ids = p.stop_token_ids;
         Choice c;
         c.index = index++;
-        std::unique_ptr<OutputParser> parser;
-        if (spec_.chat) parser = text_.new_parser(in.thinking, spec_.parse_tools);
-        c.text = std::make_unique<ChoiceText>(text_, p.stop, p.include_stop_str_in_output, std::move(parser), in.thinking);
+        OutputOptions oo;
+        oo.parse_markup = spec_.chat;
+        oo.thinking = in.thinking;
+        oo.parse_tools = spec_.parse_tools;
+        oo.stop = p.stop;
+        oo.include_stop = p.include_stop_str_in_output;
+        oo.ignore_eos = p.ignore_eos;
+        // The scheduler ends a sequence on the model's EOS and the stop ids and delivers that token
+        // last; the text side treats the same ids as the end (counted, no text).
+        oo.stop_token_ids = p.stop_token_ids;
+        if (!p.ignore_eos) oo.stop_token_ids.push_back(static_cast<int32_t>(sched_.config().eos_token_id));
+        c.text = text_.new_output(oo);
         try {
           c.ch = sched_.submit(std::move(r));
         } catch (const sched::Overloaded& e) {
@@ -124,7 +134,7 @@ class Generation {
           metrics_->inter_token.observe(std::chrono::duration<double>(now - c.last_token).count());
         }
         c.last_token = now;
-        ParsedDelta d = c.text->add(t);
+        ParsedDelta d = c.text->push(t.id);
         merge(st.deltas[i], std::move(d));
         c.token_ids.push_back(t.id);
         st.tokens[i].push_back(t);
@@ -166,16 +176,28 @@ class Generation {
     return false;
   }
 
+  // What a failed request answers: 503 naming the rank when a tensor-parallel rank is down (the
+  // scheduler passes that message on), else a plain 500.
+  ApiError failure() const {
+    for (auto& c : choices_)
+      if (c.failed && c.ch->error().rfind("tensor-parallel", 0) == 0)
+        return ApiError(503, c.ch->error(), "service_unavailable", "", "rank_unavailable");
+    // The engine stalled (the stall detector failed every open request): 503 with the reason.
+    for (auto& c : choices_)
+      if (c.failed && c.ch->retryable()) return ApiError(503, c.ch->error(), "service_unavailable", "", "engine_stalled");
+    return ApiError(500, "internal error while generating", "internal_server_error");
+  }
+
   void record_metrics() {
     metrics_->e2e.observe(std::chrono::duration<double>(Clock::now() - start_).count());
     for (const auto& in : spec_.prompts) metrics_->prompt_tokens.observe(static_cast<double>(in.prompt.size()));
-    for (auto& c : choices_) metrics_->generation_tokens.observe(static_cast<double>(c.text->tokens()));
+    for (auto& c : choices_) metrics_->generation_tokens.observe(static_cast<double>(c.text->completion_tokens()));
   }
 
   Json usage() const {
     int64_t completion = 0, reasoning = 0;
     for (auto& c : choices_) {
-      completion += c.text->tokens();
+      completion += c.text->completion_tokens();
       reasoning += c.text->reasoning_tokens();
     }
     Json u;
@@ -199,7 +221,7 @@ class Generation {
   Json token_logprob(const sched::SampledToken& t) const {
     Json e;
     const std::string b = text_.token_bytes(t.id);
-    e["token"] = sanitize_utf8(b);
+    e["token"] = text::utf8::decode_lossy(b);
     e["logprob"] = t.logprob;
     Json bytes = Json::array();
     for (unsigned char ch : b) bytes.push_back(static_cast<int>(ch));
@@ -209,7 +231,7 @@ class Generation {
       const std::string tb = text_.token_bytes(id);
       Json bt = Json::array();
       for (unsigned char ch : tb) bt.push_back(static_cast<int>(ch));
-      top.push_back({{"token", sanitize_utf8(tb)}, {"logprob", lp}, {"bytes", bt}});
+      top.push_back({{"token", text::utf8::decode_lossy(tb)}, {"logprob", lp}, {"bytes", bt}});
     }
     e["top_logprobs"] = top;
     return e;
@@ -228,10 +250,10 @@ class Generation {
     Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offs = Json::array();
     for (auto& t : toks) {
       const std::string b = text_.token_bytes(t.id);
-      tokens.push_back(sanitize_utf8(b));
+      tokens.push_back(text::utf8::decode_lossy(b));
       lps.push_back(t.logprob);
       Json top = Json::object();
-      for (auto& [id, lp] : t.top) top[sanitize_utf8(text_.token_bytes(id))] = lp;
+      for (auto& [id, lp] : t.top) top[text::utf8::decode_lossy(text_.token_bytes(id))] = lp;
       tops.push_back(top);
       offs.push_back(offset);
       offset += static_cast<int64_t>(b.size());
@@ -282,7 +304,7 @@ class Generation {
       }
     }
     record_metrics();
-    if (any_failed()) throw ApiError(500, "internal error while generating", "internal_server_error");
+    if (any_failed()) throw failure();
     Json out = header(spec_.chat ? "chat.completion" : "text_completion");
     Json arr = Json::array();
     for (auto& c : choices_) {
@@ -358,7 +380,8 @@ class Generation {
         const ParsedDelta& d = st.deltas[i];
         if (c.failed && st.just_finished[i]) {
           // Mid-stream failure: one error event, then close.
-          send(Json{{"error", error_json(500, "internal error while generating", "internal_server_error", "", "")["error"]}});
+          const ApiError f = failure();
+          send(Json{{"error", error_json(f.status, f.what(), f.type, "", f.code)["error"]}});
           cancel_all();
           return;
         }

@@ -11,7 +11,6 @@
 #include "dsv41/serve/http.h"
 #include "sched/scheduler.h"
 #include "serve/api.h"
-#include "serve/choice_text.h"
 #include "serve/request_params.h"
 
 namespace dsv41::serve {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "dsv41/spec/stats.h"
+
 namespace dsv41::serve {
 
 class Histogram {
@@ -33,5 +35,10 @@ struct Metrics {
   std::mutex mu;
   uint64_t http_errors_4xx = 0, http_errors_5xx = 0, rejected_overload = 0;
 };
+
+// Appends the speculative decoding metrics (docs/SPECULATIVE.md §5): vLLM's spec_decode counters,
+// the acceptance rate, the mean accepted length and, per draft length k, a histogram of accepted
+// drafts. `labels` is the label set of every line (model_name="...").
+void render_spec_metrics(std::string& out, const spec::SpecStats& s, const std::string& labels);
 
 }  // namespace dsv41::serve

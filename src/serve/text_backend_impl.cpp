@@ -29,27 +29,37 @@ ChatPrompt TokenizerTextBackend::render_chat(const nlohmann::ordered_json& reque
 
 namespace {
 
-// The project's DSML/reasoning parser (dsv41::text::OutputParser) behind the API's interface.
-class DsmlParser : public OutputParser {
+// text::GenerationStream (the project's one token -> text / reasoning / tool-call pipeline)
+// behind the API's interface; converts its events into the API's delta shape.
+class StreamOutput : public ChoiceOutput {
  public:
-  DsmlParser(bool thinking, bool parse_tools) : p_(options(thinking, parse_tools)) {}
-  ParsedDelta feed(std::string_view text) override {
+  StreamOutput(const text::Tokenizer& tok, const OutputOptions& o) : gs_(tok, options(o)) {}
+  ParsedDelta push(int32_t id) override {
+    if (gs_.finished()) return {};
     events_.clear();
-    p_.feed(text, events_);
+    gs_.push(id, events_);
     return convert();
   }
   ParsedDelta finish() override {
     events_.clear();
-    p_.finish(events_);
+    gs_.finish(text::FinishReason::Length, events_);
     return convert();
   }
+  bool stopped() const override { return gs_.finished(); }
+  int64_t completion_tokens() const override { return static_cast<int64_t>(gs_.completion_tokens()); }
+  int64_t reasoning_tokens() const override { return static_cast<int64_t>(gs_.reasoning_tokens()); }
 
  private:
-  static text::OutputParserOptions options(bool thinking, bool parse_tools) {
-    text::OutputParserOptions o;
-    o.starts_in_reasoning = thinking;
-    o.parse_tool_calls = parse_tools;
-    return o;
+  static text::GenerationOptions options(const OutputOptions& o) {
+    text::GenerationOptions g;
+    g.parse_output = o.parse_markup;
+    g.starts_in_reasoning = o.thinking;
+    g.parse_tool_calls = o.parse_tools;
+    g.stop = o.stop;
+    g.include_stop_str_in_output = o.include_stop;
+    g.ignore_eos = o.ignore_eos;
+    g.stop_token_ids.assign(o.stop_token_ids.begin(), o.stop_token_ids.end());
+    return g;  // max_tokens stays 0: the scheduler ends the sequence at the limit
   }
   ParsedDelta convert() {
     ParsedDelta d;
@@ -80,14 +90,14 @@ class DsmlParser : public OutputParser {
     }
     return d;
   }
-  text::OutputParser p_;
+  text::GenerationStream gs_;
   std::vector<text::OutputEvent> events_;
 };
 
 }  // namespace
 
-std::unique_ptr<OutputParser> TokenizerTextBackend::new_parser(bool thinking, bool parse_tools) const {
-  return std::make_unique<DsmlParser>(thinking, parse_tools);
+std::unique_ptr<ChoiceOutput> TokenizerTextBackend::new_output(const OutputOptions& options) const {
+  return std::make_unique<StreamOutput>(tok_, options);
 }
 
 std::unique_ptr<TokenizerTextBackend> make_text_backend(const std::string& tokenizer_json) {

@@ -15,7 +15,7 @@ class TokenizerTextBackend : public TextBackend {
   std::vector<int32_t> encode(std::string_view text) const override;
   std::string token_bytes(int32_t id) const override;
   ChatPrompt render_chat(const nlohmann::ordered_json& request) const override;
-  std::unique_ptr<OutputParser> new_parser(bool thinking, bool parse_tools) const override;
+  std::unique_ptr<ChoiceOutput> new_output(const OutputOptions& options) const override;
   size_t vocab_size() const { return tok_.vocab_size(); }
   const text::Tokenizer& tokenizer() const { return tok_; }
 

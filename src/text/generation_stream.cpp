@@ -60,7 +60,7 @@ const char* finish_reason_name(FinishReason r) {
 namespace {
 OutputParserOptions parser_options(const GenerationOptions& o) {
   OutputParserOptions p;
-  p.starts_in_reasoning = o.starts_in_reasoning;
+  p.starts_in_reasoning = o.starts_in_reasoning && o.parse_output;
   p.parse_tool_calls = o.parse_tool_calls;
   p.make_call_id = o.make_call_id;
   return p;
@@ -73,6 +73,18 @@ GenerationStream::GenerationStream(const Tokenizer& tokenizer, GenerationOptions
       stop_(opt_.stop, opt_.include_stop_str_in_output),
       parser_(parser_options(opt_)) {
   eos_id_ = tokenizer.token_to_id(markers::kEos).value_or(-1);
+  vocab_size_ = tokenizer.vocab_size();
+}
+
+void GenerationStream::deliver(const std::string& text, std::vector<OutputEvent>& events) {
+  if (opt_.parse_output) {
+    parser_.feed(text, events);
+  } else if (!text.empty()) {
+    OutputEvent e;
+    e.kind = OutputEvent::Kind::Content;
+    e.text = text;
+    events.push_back(std::move(e));
+  }
 }
 
 bool GenerationStream::push(TokenId id, std::vector<OutputEvent>& events) {
@@ -87,7 +99,8 @@ bool GenerationStream::push(TokenId id, std::vector<OutputEvent>& events) {
     return true;
   }
   bool stopped = false;
-  parser_.feed(stop_.feed(decoder_.push(id), &stopped), events);
+  const bool has_text = id >= 0 && static_cast<size_t>(id) < vocab_size_;
+  deliver(stop_.feed(has_text ? decoder_.push(id) : std::string(), &stopped), events);
   if (stopped) {
     finish(FinishReason::Stop, events);
     return true;
@@ -105,8 +118,8 @@ void GenerationStream::finish(FinishReason reason, std::vector<OutputEvent>& eve
   std::string tail = stop_.feed(decoder_.finish(), &stopped);
   if (!stopped) tail += stop_.flush();
   else reason = FinishReason::Stop;
-  parser_.feed(tail, events);
-  parser_.finish(events);
+  deliver(tail, events);
+  if (opt_.parse_output) parser_.finish(events);
   if (reason == FinishReason::None) reason = FinishReason::Stop;
   if (reason == FinishReason::Stop && !parser_.tool_calls().empty()) reason = FinishReason::ToolCalls;
   finish_reason_ = reason;

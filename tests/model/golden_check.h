@@ -65,9 +65,11 @@ struct RunResult {
 int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max_element(v, v + n) - v); }
 
 // The fixtures' stepping rule, with the prompt prefilled in chunks of `chunk` (0 = one shot).
-RunResult run_model(const std::string& dir, const Golden& g, int64_t chunk, bool corrected = false) {
+RunResult run_model(const std::string& dir, const Golden& g, int64_t chunk, bool corrected = false,
+                    int64_t mix_gemm_k_parts = 0) {
   model::CpuModelOptions o;
   o.corrected_index_keys = corrected;
+  o.mix_gemm_k_parts = mix_gemm_k_parts;
   o.engram_token_map = dir + "/engram_token_map.safetensors";
   auto m = model::CpuModel::load(dir + "/model", o);
   RunResult r;
@@ -127,10 +129,10 @@ double worst_rel(const std::vector<float>& got, const std::vector<float>& ref, i
   return worst;
 }
 
-void check_fixture(const std::string& name, int64_t chunk) {
+void check_fixture(const std::string& name, int64_t chunk, int64_t mix_gemm_k_parts = 0) {
   const std::string dir = std::string(DSV41_FIXTURES_DIR) + "/" + name;
   const Golden g = load_golden(dir);
-  const RunResult r = run_model(dir, g, chunk);
+  const RunResult r = run_model(dir, g, chunk, false, mix_gemm_k_parts);
   const std::string where = first_diverging_block(g, r);
   ASSERT_EQ(r.prefill.size(), g.prefill.size());
   EXPECT_EQ(r.dump.engram_hash_ids, g.hash_ids) << "Engram hash ids differ";

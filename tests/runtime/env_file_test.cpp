@@ -179,12 +179,11 @@ TEST(EnvFile, ExampleConfigIsAcceptedByBash) {
 }
 
 TEST(EnvFile, FeedsTheBareFormOptions) {
-  // The real option set of the bare form (server/worker) plus the operations flags.
+  // The real option set of the bare form (server/worker), the operations flags included.
   CLI::App app("dsv41-serve");
   dsv41::cli::ServeOptions serve;
   dsv41::cli::add_serve_options(app, serve);
-  dsv41::runtime::OpsOptions ops;
-  dsv41::runtime::add_ops_options(app, ops);
+  const dsv41::runtime::OpsOptions& ops = serve.ops;
   app.parse(std::vector<std::string>{"1", "--rank"});
   auto f = parse_example_config();
   auto r = apply_env_file(app, f);

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "serve/choice_text.h"
+#include "text/utf8.h"
 #include "serve_fixture.h"
 #include "http_client.h"
 
@@ -50,7 +50,7 @@ TEST(Api, CompletionGreedyIdsEqualTheModelAndStreamAgrees) {
   EXPECT_EQ(b["usage"]["total_tokens"], 18);
   std::string text;
   for (int32_t id : reference(*s.model, prompt, 12)) text += s.text->token_bytes(id);
-  EXPECT_EQ(b["choices"][0]["text"], serve::sanitize_utf8(text));
+  EXPECT_EQ(b["choices"][0]["text"], text::utf8::decode_lossy(text));
 
   req["stream"] = true;
   req["stream_options"] = {{"include_usage", true}};
@@ -114,6 +114,16 @@ TEST(Api, StopStringAcrossTokenBoundaries) {
   J b = body_of(s.call("POST", "/v1/completions", req.dump()));
   EXPECT_EQ(b["choices"][0]["text"], "hello world and more");
   EXPECT_EQ(b["choices"][0]["finish_reason"], "stop");
+  // The EOS that ended it was generated: usage counts it, token_ids and logprobs list it.
+  req["return_token_ids"] = true;
+  req["logprobs"] = 1;
+  b = body_of(s.call("POST", "/v1/completions", req.dump()));
+  const auto ids = b["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.back(), static_cast<int32_t>(s.model->config().eos_token_id));
+  EXPECT_EQ(b["usage"]["completion_tokens"], static_cast<int64_t>(s.text->encode("hello world and more").size()) + 1);
+  EXPECT_EQ(b["usage"]["completion_tokens"], static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(b["choices"][0]["logprobs"]["tokens"].size(), ids.size());
 }
 
 TEST(Api, LogprobsNAndSeeds) {

@@ -191,7 +191,8 @@ TEST(EndToEnd, TheBinaryServesAndStopsOnSigterm) {
   }
   pid_t pid = 0;
   ASSERT_EQ(run({DSV41_BINARY, "--model", kModel, "--tokenizer", tok, "--engram-token-map", kMap, "--port",
-                 std::to_string(port), "--kv-cache-gib", "0.01", "--api-key", "k1", "--served-model-name", "tiny-s0"},
+                 std::to_string(port), "--kv-cache-gib", "0.01", "--api-key", "k1", "--served-model-name", "tiny-s0",
+                 "--memory-margin-gib", "0.25", "--log-dir", (dir / "logs").string()},
                 &pid),
             0);
   test_support::HttpResult h;
@@ -207,10 +208,56 @@ TEST(EndToEnd, TheBinaryServesAndStopsOnSigterm) {
   EXPECT_EQ(r.status, 200) << r.body;
   const auto expect = logits_tool_ids(prompt, 5);
   EXPECT_EQ(J::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), expect);
+  // The Engram store the server opened reports its reads on /metrics (tiny-s0 has Engram layers).
+  auto m = test_support::http_request(port, "GET", "/metrics", "", {{"Authorization", "Bearer k1"}});
+  ASSERT_EQ(m.status, 200);
+  const auto value_of = [&](const std::string& name) {
+    const size_t p = m.body.find("\n" + name + " ");
+    return p == std::string::npos ? -1.0 : std::stod(m.body.substr(p + name.size() + 2));
+  };
+  EXPECT_GT(value_of("dsv41_engram_rows_requested_total"), 0.0) << m.body;
+  EXPECT_GE(value_of("dsv41_engram_cache_hit_rate"), 0.0) << m.body;
+  EXPECT_NE(m.body.find("dsv41_engram_read_latency_seconds"), std::string::npos);
+  // The runtime guards answer on /health.
+  auto health = J::parse(test_support::http_request(port, "GET", "/health").body);
+  EXPECT_EQ(health["memory"]["state"], "ok") << health.dump();
+  EXPECT_EQ(health["stall"]["state"], "ok") << health.dump();
   ::kill(pid, SIGTERM);
   int st = 0;
   waitpid(pid, &st, 0);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+TEST(EndToEnd, TheBinaryRefusesToStartBelowTheMemoryMarginWithTheTable) {
+  const auto dir = temp_dir();
+  const std::string tok = (dir / "tokenizer.json").string();
+  test_support::write_test_tokenizer(tok);
+  const std::string err = (dir / "stderr.txt").string();
+  // No machine has 1000 GiB to spare: the budget check must refuse before loading anything.
+  const std::string cmd = std::string(DSV41_BINARY) + " --model " + kModel + " --tokenizer " + tok +
+                          " --engram-token-map " + kMap + " --port " + std::to_string(free_port()) +
+                          " --memory-margin-gib 1000 2> " + err;
+  const int st = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 1);
+  std::ifstream f(err);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("memory budget"), std::string::npos) << text;
+  EXPECT_NE(text.find("sequence-state pool"), std::string::npos) << text;
+  EXPECT_NE(text.find("NOT ENOUGH"), std::string::npos) << text;
+  EXPECT_NE(text.find("--memory-margin-gib"), std::string::npos) << text;
 }
 
 TEST(EndToEnd, ClearErrorsForUnsupportedRanks) {

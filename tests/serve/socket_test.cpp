@@ -29,7 +29,7 @@ bool wait_idle(ServedRuleModel& s, std::chrono::milliseconds limit) {
   const auto t0 = std::chrono::steady_clock::now();
   while (std::chrono::steady_clock::now() - t0 < limit) {
     auto st = s.sched->stats();
-    if (st.running == 0 && st.waiting == 0 && s.model->live() == 0 && st.free_blocks == st.total_blocks) return true;
+    if (st.running == 0 && st.waiting == 0 && s.model->live() == 0 && st.pool_used_bytes == 0) return true;
     std::this_thread::sleep_for(5ms);
   }
   return false;

@@ -40,19 +40,3 @@ TEST(StateBudget, TinyConfigFromItsSizes) {
   // head_dim 64: entry 32 + 4; index_head_dim 64: key 32 + 2; sources: layer 1 (ratio 2), 3 (ratio 1)
   EXPECT_EQ(b.packed_per_token, 70 / 2 + 70);
 }
-
-TEST(StateBudget, PoolIsBlockGranular) {
-  sched::StatePool pool(100 * 16 * 10, 10, 250, 16);  // block = 160 B; fixed = 2 blocks
-  EXPECT_EQ(pool.total_blocks(), 100);
-  EXPECT_EQ(pool.fixed_blocks(), 2);
-  EXPECT_EQ(pool.blocks_for(1), 3);
-  EXPECT_EQ(pool.blocks_for(16), 3);
-  EXPECT_EQ(pool.blocks_for(17), 4);
-  EXPECT_EQ(pool.capacity_tokens(), 98 * 16);
-  EXPECT_TRUE(pool.try_take(60));
-  EXPECT_FALSE(pool.try_take(41));
-  EXPECT_TRUE(pool.try_take(40));
-  EXPECT_DOUBLE_EQ(pool.usage(), 1.0);
-  pool.give_back(100);
-  EXPECT_EQ(pool.free_blocks(), 100);
-}

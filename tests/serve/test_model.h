@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory_resource>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -16,16 +17,23 @@
 #include "dsv41/common/error.h"
 #include "dsv41/config/model_config.h"
 #include "dsv41/model/model.h"
+#include "sched/state_budget.h"
 
 namespace dsv41::test_support {
 
 class RuleModel : public Model {
  public:
   struct State : SeqState {
-    explicit State(RuleModel* m) : model(m) { ++model->live_; }
+    explicit State(RuleModel* m, std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
+        : model(m), packed(memory) {
+      ++model->live_;
+    }
     ~State() override { --model->live_; }
     RuleModel* model;
     std::vector<int32_t> history;
+    // Pooled states hold the bytes a packed-layout backend would (MODEL.md §5.7), from the pool.
+    std::pmr::vector<std::byte> packed;
+    int64_t room = -1;
   };
 
   explicit RuleModel(ModelConfig cfg) : cfg_(std::move(cfg)) {}
@@ -34,13 +42,30 @@ class RuleModel : public Model {
   std::unique_ptr<SeqState> new_sequence() const override {
     return std::make_unique<State>(const_cast<RuleModel*>(this));
   }
+  std::unique_ptr<SeqState> new_sequence(std::pmr::memory_resource& memory, int64_t capacity_tokens) const override {
+    auto s = std::make_unique<State>(const_cast<RuleModel*>(this), &memory);
+    reserve_sequence(*s, capacity_tokens);
+    return s;
+  }
+  void reserve_sequence(SeqState& state, int64_t capacity_tokens) const override {
+    auto& s = static_cast<State&>(state);
+    if (capacity_tokens <= s.room) return;
+    s.packed.reserve(static_cast<size_t>(state_bytes(capacity_tokens)));
+    s.room = capacity_tokens;
+  }
+  int64_t state_bytes(int64_t capacity_tokens) const override {
+    const auto b = sched::state_bytes(cfg_);
+    return b.packed_fixed + b.packed_per_token * capacity_tokens;
+  }
 
   void forward(std::span<ForwardItem> batch) override {
-    if (step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms));
+    if (step_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms.load()));
     int64_t tokens = 0;
     for (auto& it : batch) {
       auto* s = static_cast<State*>(it.state);
       DSV_CHECK(s->n_past == static_cast<int64_t>(s->history.size()), "n_past {} != history {}", s->n_past, s->history.size());
+      DSV_CHECK(s->room < 0 || s->n_past + static_cast<int64_t>(it.tokens.size()) <= s->room,
+                "{} tokens at {} exceed the room of {}", it.tokens.size(), s->n_past, s->room);
       for (int32_t t : it.tokens) {
         DSV_CHECK(t >= 0 && t < cfg_.vocab_size, "token {} out of range", t);
         s->history.push_back(t);
@@ -96,7 +121,7 @@ class RuleModel : public Model {
   int32_t anchor = -1;
   std::vector<std::pair<std::string, std::vector<int32_t>>> scripts;
   std::function<std::string(int32_t)> token_bytes;  // for matching script keys against the prompt
-  int step_delay_ms = 0;
+  std::atomic<int> step_delay_ms{0};  // tests change it while the engine runs
 
  private:
   std::string bytes_of(const std::vector<int32_t>& h, size_t n) const {

@@ -20,6 +20,10 @@
 #include "dsv41/engram/open.h"
 #include "dsv41/model/model.h"
 
+namespace dsv41::dist {
+class Collective;
+}
+
 namespace dsv41::model {
 
 struct CpuModelOptions {
@@ -35,6 +39,14 @@ struct CpuModelOptions {
   // false (default): the reference's decode-time index-key alias (MODEL.md §5.4 "decode quirk");
   // true: every indexer scores against its own KV source's keys.
   bool corrected_index_keys = false;
+  // K partition of the reference's fp32 mixes GEMM in prefill (ops/mhc.h HcMixArithmetic): 0 =
+  // parts of 256 (what a 96-token reference prefill used); P > 0 = P parts of 64-element units
+  // (a 300-token reference prefill used 3). The reference's threaded BLAS chose it per call shape.
+  int64_t mix_gemm_k_parts = 0;
+  // Tensor parallel (docs/TENSOR_PARALLEL.md): this process is rank tp->rank() of
+  // tp->world_size(); it loads only its share of the split weights and every forward /
+  // dspark_draft is a collective call that all ranks make with the same arguments. null = TP 1.
+  std::shared_ptr<dist::Collective> tp;
 };
 
 // Per-block stream dump of a forward (the debugging aid compared with golden prefill_block{i}_*).
@@ -57,6 +69,9 @@ class CpuModel final : public Model {
 
   const ModelConfig& config() const override;
   std::unique_ptr<SeqState> new_sequence() const override;
+  std::unique_ptr<SeqState> new_sequence(std::pmr::memory_resource& memory, int64_t capacity_tokens) const override;
+  void reserve_sequence(SeqState& state, int64_t capacity_tokens) const override;
+  int64_t state_bytes(int64_t capacity_tokens) const override;
   void forward(std::span<ForwardItem> batch) override;
 
   // One sequence: advances `state` by `tokens`. logits (if not null) receives [rows][vocab] with

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <memory_resource>
 #include <span>
 #include <vector>
 
@@ -31,7 +32,21 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
+  // A sequence state on the heap that grows as needed (tools, tests).
   virtual std::unique_ptr<SeqState> new_sequence() const = 0;
+
+  // ---- sequence state drawn from a pool the caller owns (the server's --kv-cache-gib pool) ----
+  // A state whose every buffer is allocated from `memory` (and returned to it when the state is
+  // destroyed), with room for `capacity_tokens` context tokens: exactly
+  // state_bytes(capacity_tokens) bytes are taken. A pooled state never allocates while tokens fit;
+  // forward() refuses tokens beyond its capacity. The defaults throw: a backend the server runs
+  // must implement all three.
+  virtual std::unique_ptr<SeqState> new_sequence(std::pmr::memory_resource& memory, int64_t capacity_tokens) const;
+  // Grows (never shrinks) a pooled state's room to `capacity_tokens`; afterwards the state holds
+  // exactly state_bytes(capacity_tokens) bytes of `memory`. Contents are kept.
+  virtual void reserve_sequence(SeqState& state, int64_t capacity_tokens) const;
+  // Bytes a pooled state with room for `capacity_tokens` tokens holds (the real allocation sizes).
+  virtual int64_t state_bytes(int64_t capacity_tokens) const;
   // Runs a batch: every item advances its own sequence by its tokens (chunked prefill or decode).
   // Throws dsv41::Error for bad input (token id out of range, context exceeded); the states of a
   // batch that threw are unspecified and must be discarded.

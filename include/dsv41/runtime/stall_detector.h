@@ -44,6 +44,9 @@ class StallDetector {
 
   // A component's state, as text (any number of lines). Thread-safe; may be called any time.
   void add_component(std::string name, std::function<std::string()> describe);
+  // Called on every healthy<->stalled transition (from the checking thread, after the dump),
+  // with the reason when stalled. Register before start().
+  void on_state_change(std::function<void(bool healthy, const std::string& reason)> fn);
 
   void start();
   void stop();
@@ -69,6 +72,9 @@ class StallDetector {
   StallConfig config_;
   std::function<bool()> work_pending_;
   std::function<uint64_t()> progress_;
+
+  std::vector<std::function<void(bool, const std::string&)>> listeners_;
+  void notify(bool healthy, const std::string& reason);
 
   std::mutex components_mu_;
   std::vector<std::pair<std::string, std::function<std::string()>>> components_;

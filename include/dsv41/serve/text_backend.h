@@ -28,13 +28,32 @@ struct ParsedDelta {
   bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty(); }
 };
 
-// Incremental parser over decoded output text (CHAT.md §3.5). Holds back tails that may be the
-// start of a marker until resolved.
-class OutputParser {
+// What one choice's output is made of (OpenAI request knobs that shape the text).
+struct OutputOptions {
+  bool parse_markup = true;       // chat: split reasoning / content / tool calls; false: raw text
+  bool thinking = false;          // the prompt ends in <think>: output starts with reasoning
+  bool parse_tools = false;       // false: DSML tool markup is not turned into calls
+  std::vector<std::string> stop;  // stop strings (across token boundaries)
+  bool include_stop = false;      // include_stop_str_in_output
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // ids that end the output (shown as no text, counted)
+};
+
+// One choice's token -> text pipeline (bytes -> UTF-8 -> stop strings -> reasoning / content /
+// tool calls), fed in the HTTP thread. Every token pushed counts as a completion token, the EOS /
+// stop id that ends the output included (OpenAI and vLLM count the generated EOS).
+class ChoiceOutput {
  public:
-  virtual ~OutputParser() = default;
-  virtual ParsedDelta feed(std::string_view text) = 0;
-  virtual ParsedDelta finish() = 0;  // end of output: flush what was held back
+  virtual ~ChoiceOutput() = default;
+  // Adds one generated token; returns what became visible. After stopped() later tokens are
+  // ignored (and not counted).
+  virtual ParsedDelta push(int32_t id) = 0;
+  // End of generation (length, abort): flushes what was held back.
+  virtual ParsedDelta finish() = 0;
+  // True once a stop string, EOS or stop id ended the output.
+  virtual bool stopped() const = 0;
+  virtual int64_t completion_tokens() const = 0;
+  virtual int64_t reasoning_tokens() const = 0;
 };
 
 struct ChatPrompt {
@@ -52,8 +71,8 @@ class TextBackend {
   // Renders an OpenAI chat request (messages, tools, thinking knobs, ...) to prompt ids. Throws
   // dsv41::Error with a client-facing message for a request it cannot render (-> HTTP 400).
   virtual ChatPrompt render_chat(const nlohmann::ordered_json& request) const = 0;
-  // A parser for one choice's output. `parse_tools` false: tool markup is not turned into calls.
-  virtual std::unique_ptr<OutputParser> new_parser(bool thinking, bool parse_tools) const = 0;
+  // The output pipeline of one choice.
+  virtual std::unique_ptr<ChoiceOutput> new_output(const OutputOptions& options) const = 0;
 };
 
 }  // namespace dsv41::serve

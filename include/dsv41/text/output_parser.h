@@ -97,11 +97,16 @@ struct GenerationOptions {
   bool ignore_eos = false;
   std::vector<TokenId> stop_token_ids;    // extra ids that end generation (not shown)
   std::function<std::string()> make_call_id;
+  // false: plain completion text, no reasoning/tool-call markup parsing (everything is Content).
+  bool parse_output = true;
 };
 
 // One request's output path: ids -> StreamDecoder -> StopStringMatcher -> OutputParser.
 // EOS is resolved by text ("<｜end▁of▁sentence｜>") in the tokenizer in use. Stop strings apply to
-// all generated text (reasoning included), as vLLM does. Not thread-safe: one per request.
+// all generated text (reasoning included), as vLLM does. Every pushed token counts in
+// completion_tokens(), the EOS / stop id that ends generation included (it is generated, as vLLM
+// and OpenAI count it); ids past the tokenizer's vocabulary (a padded model vocabulary) count but
+// have no text. Not thread-safe: one per request.
 class GenerationStream {
  public:
   GenerationStream(const Tokenizer& tokenizer, GenerationOptions options);
@@ -119,11 +124,14 @@ class GenerationStream {
   const OutputParser& parser() const { return parser_; }
 
  private:
+  void deliver(const std::string& text, std::vector<OutputEvent>& events);
+
   GenerationOptions opt_;
   StreamDecoder decoder_;
   StopStringMatcher stop_;
   OutputParser parser_;
   TokenId eos_id_ = -1;
+  size_t vocab_size_ = 0;
   size_t completion_tokens_ = 0;
   size_t reasoning_tokens_ = 0;
   FinishReason finish_reason_ = FinishReason::None;

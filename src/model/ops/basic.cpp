@@ -22,7 +22,7 @@ std::vector<float> load_f32(const Checkpoint& ck, const std::string& name, std::
     fail("tensor {} has shape {}, expected [{}]", name, t.shape_str(), w);
   }
   DSV_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32 || t.dtype == DType::F16,
-            "tensor {}: dtype {} where BF16/F32 is expected", name, dtype_name(t.dtype));
+            "tensor {}: dtype {} where BF16/F16/F32 is expected", name, dtype_name(t.dtype));
   return tensor_to_f32(t);
 }
 
@@ -37,8 +37,15 @@ void tensor_row_f32(const TensorInfo& t, int64_t r, float* out) {
     }
   } else if (t.dtype == DType::F32) {
     std::memcpy(out, t.data + r * d * 4, static_cast<size_t>(d) * 4);
+  } else if (t.dtype == DType::F16) {  // EXL3 checkpoints keep unquantized tensors as F16
+    const uint8_t* p = t.data + r * d * 2;
+    for (int64_t i = 0; i < d; ++i) {
+      uint16_t b;
+      std::memcpy(&b, p + 2 * i, 2);
+      out[i] = f16_bits_to_f32(b);
+    }
   } else {
-    fail("tensor {}: dtype {} where BF16/F32 is expected", t.name, dtype_name(t.dtype));
+    fail("tensor {}: dtype {} where BF16/F16/F32 is expected", t.name, dtype_name(t.dtype));
   }
 }
 

@@ -1,6 +1,7 @@
 #include "model/ops/torch_sum.h"
 #include "model/ops/mhc.h"
 #include "model/ops/dot.h"
+#include "model/ops/vec_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,17 +11,43 @@
 #include "dsv41/common/numeric.h"
 
 namespace dsv41::model {
-namespace {
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-}  // namespace
+HcMixArithmetic hc_mix_arithmetic(int64_t hc, int64_t t_ref, int64_t rows_ref, int64_t k_parts) {
+  HcMixArithmetic a;
+  a.k_parts = k_parts;
+  a.sigmoid_vector = std::clamp<int64_t>(torch_vector_body_elements(rows_ref * hc) - t_ref * hc, 0, hc);
+  return a;
+}
+
+float hc_gemm_dot(const float* a, const float* b, int64_t n, int64_t k_parts) {
+  if (k_parts <= 0) return gemm_dot_f32(a, b, n);
+  constexpr int64_t kUnit = 64;
+  const int64_t units = (n + kUnit - 1) / kUnit, base = units / k_parts, extra = units % k_parts;
+  float total = 0.0f;
+  int64_t k = 0;
+  for (int64_t p = 0; p < k_parts && k < n; ++p) {
+    const int64_t end = std::min(n, k + (base + (p < extra ? 1 : 0)) * kUnit);
+    float acc = 0.0f;
+    for (; k < end; ++k) acc = std::fma(a[k], b[k], acc);
+    total = p == 0 ? acc : total + acc;
+  }
+  return total;
+}
 
 void hc_split_sinkhorn(const float* m, int64_t hc, const float* base, const float* scale, int64_t iters,
                        double hc_eps, HcMix& out) {
+  hc_split_sinkhorn(m, hc, base, scale, iters, hc_eps, HcMixArithmetic{hc, 0}, out);
+}
+
+void hc_split_sinkhorn(const float* m, int64_t hc, const float* base, const float* scale, int64_t iters,
+                       double hc_eps, const HcMixArithmetic& arith, HcMix& out) {
   DSV_ASSERT(hc <= 16, "hc_mult {} too large", hc);
   const float eps = static_cast<float>(hc_eps);
+  // torch.sigmoid (vector body or scalar tail per element); the Sinkhorn softmax's torch.exp agrees
+  // with std::exp.
   for (int64_t i = 0; i < hc; ++i) {
-    out.pre[i] = sigmoid(m[i] * scale[0] + base[i]) + eps;
-    out.post[i] = 2.0f * sigmoid(m[hc + i] * scale[1] + base[hc + i]);
+    const bool vec = i < arith.sigmoid_vector;
+    out.pre[i] = torch_sigmoid_f32(m[i] * scale[0] + base[i], vec) + eps;
+    out.post[i] = 2.0f * torch_sigmoid_f32(m[hc + i] * scale[1] + base[hc + i], vec);
   }
   float* c = out.comb;
   for (int64_t i = 0; i < hc * hc; ++i) c[i] = m[2 * hc + i] * scale[2] + base[2 * hc + i];
@@ -54,14 +81,19 @@ void hc_split_sinkhorn(const float* m, int64_t hc, const float* base, const floa
 
 void hc_mix(const float* h, int64_t hc, int64_t dim, const float* fn, const float* base, const float* scale,
             int64_t iters, double hc_eps, double norm_eps, HcMix& out) {
+  hc_mix(h, hc, dim, fn, base, scale, iters, hc_eps, norm_eps, HcMixArithmetic{hc, 0}, out);
+}
+
+void hc_mix(const float* h, int64_t hc, int64_t dim, const float* fn, const float* base, const float* scale,
+            int64_t iters, double hc_eps, double norm_eps, const HcMixArithmetic& arith, HcMix& out) {
   const int64_t k = hc * dim, n_mix = (2 + hc) * hc;
   const float r = 1.0f / std::sqrt(torch_mean_sq_f32(h, k) + static_cast<float>(norm_eps));
   std::vector<float> m(static_cast<size_t>(n_mix));
   for (int64_t i = 0; i < n_mix; ++i) {
     const float* w = fn + i * k;
-    m[static_cast<size_t>(i)] = gemm_dot_f32(w, h, k) * r;
+    m[static_cast<size_t>(i)] = hc_gemm_dot(w, h, k, arith.k_parts) * r;
   }
-  hc_split_sinkhorn(m.data(), hc, base, scale, iters, hc_eps, out);
+  hc_split_sinkhorn(m.data(), hc, base, scale, iters, hc_eps, arith, out);
 }
 
 void hc_collapse(const float* h, const float* w, int64_t hc, int64_t dim, float* out) {

@@ -1,0 +1,245 @@
+// CSA2 attention of one layer on the GPU (mirrors src/model/attention.cpp step by step): q and the
+// window row, the compressor with index keys, the indexer with candidate blocks and top-k, the
+// index lists (decode: ring slots oldest first; otherwise the one-shot prefill layout of
+// layout_end over a staged window), sparse attention with sink, inverse RoPE, grouped low-rank
+// output. The ring takes the chunk's rows after its queries read the old slots.
+#include "cuda_model/cuda_impl.h"
+
+#if DSV41_HAS_CUDA
+#include <algorithm>
+#include <cmath>
+
+#include "dsv41/common/error.h"
+
+namespace dsv41::model::cuda {
+namespace gpu = ops::gpu;
+
+void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p) {
+  const ModelConfig& c = cfg;
+  const int64_t n = p.n, start = p.start, end = start + n, L = b.layer;
+  const int64_t dim = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, rd = c.qk_rope_head_dim;
+  const int64_t win = c.sliding_window, qlr = c.q_lora_rank;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float* freqs = b.freqs.as<float>();
+  auto rope = [&](float* v, int64_t vecs, int64_t vec_stride, int64_t row_stride, bool inverse) {
+    gpu::RopeArgs r;
+    r.v = v;
+    r.rows = n;
+    r.vecs = vecs;
+    r.vec_stride = vec_stride;
+    r.row_stride = row_stride;
+    r.freqs = freqs;
+    r.rope_dim = rd;
+    r.pos0 = start;
+    r.inverse = inverse;
+    gpu::rope(r, stream);
+  };
+
+  // ---- q, window kv ----
+  linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true);
+  gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
+  gpu::rms_norm(qn, stream);
+  linear(b.wq_b, sc.qr, qlr, n, sc.q, H * hd, true);
+  linear(b.wkv, sc.x, dim, n, sc.kv, hd, true);
+  rope(sc.q + hd - rd, H, hd, H * hd, false);
+  gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
+  gpu::rms_norm(kn, stream);
+  rope(sc.kv + hd - rd, 1, hd, hd, false);
+  gpu::QdqArgs q8{sc.kv, n, hd, hd, gpu::QdqKind::Q8};
+  gpu::qdq(q8, stream);
+  uint16_t* ring = st.ring[static_cast<size_t>(L)].as<uint16_t>();
+  auto store = [&](const float* x, int64_t rows, uint16_t* dst) {
+    gpu::StoreBf16Args s{x, rows, hd, hd, dst, hd};
+    gpu::store_bf16(s, stream);
+  };
+  store(sc.kv, n, sc.kv_bf16);
+  // Decode: the current row is read from its ring slot (attention.cpp reads kv[0] for it).
+  if (p.decode) store(sc.kv, 1, ring + (start % win) * hd);
+
+  // ---- compressed KV and top-k ----
+  const int64_t ratio = b.ratio;
+  const GpuKvSource* ckv = nullptr;
+  int64_t topk_len = 0;
+  if (ratio > 0) {
+    if (b.has_compressor) {
+      GpuKvSource& ks = st.kv[static_cast<size_t>(L)];
+      gpu::CompressorWeights w;
+      w.wkv = b.c_wkv.get();
+      w.wkv_type = b.c_wkv_type;
+      w.wgate = b.c_wgate.as<float>();
+      w.norm = b.c_norm.as<float>();
+      w.i_wk = b.has_index_keys ? b.i_wk.as<uint16_t>() : nullptr;
+      w.i_k_norm = b.has_index_keys ? b.i_k_norm.as<float>() : nullptr;
+      w.dim = dim;
+      w.hd = hd;
+      w.ihd = c.index_head_dim;
+      w.ratio = ratio;
+      w.rope_dim = rd;
+      w.freqs = freqs;
+      w.eps = eps;
+      gpu::CompressorState cs;
+      cs.carry_kv = ks.carry_kv.as<float>();
+      cs.carry_score = ks.carry_score.as<float>();
+      cs.compressed = ks.compressed.as<uint16_t>();
+      cs.index_keys = b.has_index_keys ? ks.index_keys.as<uint16_t>() : nullptr;
+      cs.capacity = ks.capacity;
+      cs.n_entries = ks.n_entries;
+      gpu::CompressorScratch cw{sc.c_a, sc.c_g, sc.c_latent, sc.c_work, sc.m};
+      const int64_t groups = gpu::compressor_step(w, cs, cw, sc.x, n, start, stream);
+      ks.n_entries = cs.n_entries;
+      if (groups > 0 && b.has_index_keys) st.last_key_publisher = L;
+    }
+
+    // Score columns span the layout's compressed positions (entries not yet emitted score -inf).
+    const int64_t T = (p.decode ? end : p.layout_end) / ratio;
+    if (b.has_indexer) {
+      shared.topk_len = 0;
+      if (T > 0) {
+        DSV_ASSERT(T <= sc.t_max, "indexer: {} score columns exceed the scratch's {}", T, sc.t_max);
+        const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
+        linear(b.i_wq_b, sc.qr, qlr, n, sc.qi, IH * ID, true);
+        rope(sc.qi + ID - rd, IH, ID, IH * ID, false);
+        gpu::QdqArgs q4{sc.qi, n * IH, ID, ID, gpu::QdqKind::Q4a};
+        gpu::qdq(q4, stream);
+        linear(b.i_weights_proj, sc.x, dim, n, sc.iw, IH, true);
+        const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
+                                                std::pow(static_cast<double>(IH), -0.5));
+        gpu::ScaleRoundArgs sr{sc.iw, n, IH, IH, wscale};
+        gpu::scale_round(sr, stream);
+
+        int64_t key_src = c.kv_source_for(L);
+        if (p.decode && !opts.corrected_index_keys && st.last_key_publisher >= 0) key_src = st.last_key_publisher;
+        DSV_CHECK(key_src >= 0, "layer {}: index source without a KV source", L);
+        const GpuKvSource& keys = st.kv[static_cast<size_t>(key_src)];
+        const bool key_rows = blocks[static_cast<size_t>(key_src)].has_index_keys;
+        gpu::IndexerArgs ia;
+        ia.qi = sc.qi;
+        ia.w = sc.iw;
+        ia.keys = key_rows ? keys.index_keys.as<uint16_t>() : nullptr;
+        ia.n_keys = key_rows ? keys.n_entries : 0;
+        ia.n = n;
+        ia.heads = IH;
+        ia.head_dim = ID;
+        ia.T = T;
+        ia.start = start;
+        ia.ratio = ratio;
+        ia.scores = sc.scores;
+        gpu::indexer_scores(ia, stream);
+
+        const bool is_cand_src = L == c.candidate_source_layer_id;
+        const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < L;
+        if (is_cand_src) {
+          gpu::CandidateArgs ca;
+          ca.scores = sc.scores;
+          ca.n = n;
+          ca.T = T;
+          ca.start = start;
+          ca.ratio = ratio;
+          ca.topk_blocks = c.candidate_topk_blocks;
+          ca.block_size = c.candidate_block_size;
+          ca.block_scores = sc.block_scores;
+          ca.block_sel = sc.block_sel;
+          ca.keep = sc.keep;
+          gpu::candidate_blocks(ca, stream);
+          shared.has_candidates = true;
+          shared.cand_width = T;
+        } else if (uses_cand && shared.has_candidates) {
+          gpu::CandidateMaskArgs cm{sc.scores, sc.keep, n, T, shared.cand_width, c.candidate_block_size};
+          gpu::candidate_mask(cm, stream);
+        }
+        const int64_t k = std::min(c.index_topk, T);
+        gpu::TopkArgs ta;
+        ta.values = sc.scores;
+        ta.rows = n;
+        ta.n = T;
+        ta.stride = T;
+        ta.k = k;
+        ta.pos0 = start;
+        ta.ratio = ratio;
+        ta.out = sc.topk;
+        gpu::topk_sorted(ta, stream);
+        shared.topk_len = k;
+      }
+    }
+    DSV_CHECK(shared.topk_len >= 0, "layer {}: no index source has run before it", L);
+    topk_len = shared.topk_len;
+    const int64_t src = c.kv_source_for(L);
+    DSV_CHECK(src >= 0, "layer {}: compress ratio {} but no KV source at or below it", L, ratio);
+    ckv = &st.kv[static_cast<size_t>(src)];
+  }
+
+  // ---- index lists and pools ----
+  gpu::AttnListArgs la;
+  la.list = sc.list;
+  la.n = n;
+  la.win = win;
+  la.decode = p.decode;
+  la.start = start;
+  la.topk = topk_len > 0 ? sc.topk : nullptr;
+  la.topk_len = topk_len;
+  la.n_entries = ckv ? ckv->n_entries : 0;
+  const uint16_t* pool_a = ring;
+  if (p.decode) {
+    la.win_len = win;
+    la.split = win;
+  } else {
+    const int64_t pos_base = std::max<int64_t>(0, start - win + 1);
+    la.win_len = std::min(p.layout_end, win);
+    la.pos_base = pos_base;
+    la.split = start - pos_base + n;
+    gpu::StageWindowArgs sw{ring, sc.kv_bf16, start, n, win, hd, sc.staged};
+    gpu::stage_window(sw, stream);
+    pool_a = sc.staged;
+  }
+  gpu::attn_lists(la, stream);
+  gpu::FillPointersArgs fa{sc.pool_a, n, pool_a};
+  gpu::fill_pointers(fa, stream);
+  gpu::FillPointersArgs fb{sc.pool_b, n, ckv ? ckv->compressed.as<uint16_t>() : nullptr};
+  gpu::fill_pointers(fb, stream);
+
+  // ---- sparse attention, inverse RoPE ----
+  gpu::SparseAttnArgs sa;
+  sa.q = sc.q;
+  sa.list = sc.list;
+  sa.list_len = la.win_len + topk_len;
+  sa.pool_a = sc.pool_a;
+  sa.pool_b = sc.pool_b;
+  sa.split = la.split;
+  sa.sink = b.sink.as<float>();
+  sa.scale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5));
+  sa.n_q = n;
+  sa.heads = H;
+  sa.d = hd;
+  sa.out = sc.o;
+  if (n == 1) gpu::sparse_attention_decode(sa, stream);
+  else gpu::sparse_attention_prefill(sa, stream);
+  rope(sc.o + hd - rd, H, hd, H * hd, true);
+
+  // ---- grouped low-rank output, wo_b ----
+  const int64_t G = c.o_groups, R = c.o_lora_rank;
+  gpu::DenseArgs wa;
+  wa.w = b.wo_a.get();
+  wa.wt = b.wo_a_type;
+  wa.in = H * hd / G;
+  wa.out = R;
+  wa.groups = G;
+  wa.x = sc.o;
+  wa.x_stride = H * hd;
+  wa.m = n;
+  wa.y = sc.z;
+  wa.y_stride = G * R;
+  wa.round_bf16 = true;
+  gpu::lin_dense(wa, stream);
+  linear(b.wo_b, sc.z, G * R, n, sc.y, dim, true);
+
+  // ---- ring update: the chunk's last min(n, win) rows ----
+  if (!p.decode) {
+    const int64_t t0 = std::max<int64_t>(0, n - win), s0 = (start + t0) % win;
+    const int64_t first = std::min(n - t0, win - s0);
+    store(sc.kv + t0 * hd, first, ring + s0 * hd);
+    if (n - t0 > first) store(sc.kv + (t0 + first) * hd, n - t0 - first, ring);
+  }
+}
+
+}  // namespace dsv41::model::cuda
+#endif

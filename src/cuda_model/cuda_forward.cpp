@@ -1,0 +1,329 @@
+// The CUDA backend's forward (mirrors src/model/cpu_model.cpp and block.cpp): Engram hash ids and
+// row prefetch on the host, embedding, the block stack (mHC around attention and MoE), Engram
+// gates, final norm and head. A chunk longer than the scratch arena runs as several passes that
+// share the chunk's index-list layout (layout_end) and decode flag, exactly as one CPU forward.
+#include "cuda_model/cuda_impl.h"
+
+#if DSV41_HAS_CUDA
+#include <algorithm>
+#include <cmath>
+
+#include "dsv41/common/error.h"
+
+namespace dsv41::model::cuda {
+namespace gpu = ops::gpu;
+
+void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
+                  bool round) {
+  if (m == 0) return;
+  if (l.kind == GpuLinear::Kind::Dense) {
+    gpu::DenseArgs a;
+    a.w = l.w.get();
+    a.wt = l.dense_type;
+    a.in = l.in;
+    a.out = l.out;
+    a.x = x;
+    a.x_stride = x_stride;
+    a.m = m;
+    a.y = y;
+    a.y_stride = y_stride;
+    a.round_bf16 = round;
+    gpu::lin_dense(a, stream);
+    return;
+  }
+  gpu::ActQuantArgs q{x, m, l.in, x_stride, sc.codes, sc.act_scales};
+  gpu::act_quant8(q, stream);
+  if (l.kind == GpuLinear::Kind::Fp8) {
+    gpu::Lin8Args a;
+    a.w = {l.w.as<uint8_t>(), l.s.as<uint8_t>(), l.in, l.out};
+    a.x_codes = sc.codes;
+    a.x_scales = sc.act_scales;
+    a.m = m;
+    a.y = y;
+    a.y_stride = y_stride;
+    a.round_bf16 = round;
+    gpu::lin8(a, stream);
+  } else {
+    gpu::Lin4Args a;
+    a.w = {l.w.as<uint8_t>(), l.s.as<uint8_t>(), l.in, l.out, 1};
+    a.x_codes = sc.codes;
+    a.x_scales = sc.act_scales;
+    a.rows = m;
+    a.y = y;
+    a.y_stride = y_stride;
+    a.round_bf16 = round;
+    gpu::lin4(a, stream);
+  }
+}
+
+// MoE (block.cpp moe/run_expert): router, routed experts as FP4 bank GEMMs over the (token, slot)
+// pairs, clamped SwiGLU scaled by the routing weight, shared expert, combine in expert order.
+void Impl::moe(const GpuBlock& b, int64_t n) {
+  const ModelConfig& c = cfg;
+  const int64_t dim = c.hidden_size, K = b.top_k, inter = c.moe_intermediate_size, pairs = n * K;
+  gpu::RouterArgs r;
+  r.x = sc.x;
+  r.n = n;
+  r.dim = dim;
+  r.gate_w = b.gate_w.as<float>();
+  r.gate_bias = b.gate_bias.as<float>();
+  r.n_experts = b.n_experts;
+  r.top_k = K;
+  r.scoring = c.scoring_func == "sigmoid" ? gpu::Scoring::Sigmoid : gpu::Scoring::SqrtSoftplus;
+  r.temp = static_cast<float>(c.gate_temp);
+  r.norm_topk = c.norm_topk_prob;
+  r.route_scale = static_cast<float>(c.routed_scaling_factor);
+  r.ids = sc.ids;
+  r.weights = sc.route_w;
+  r.scratch = sc.route_scratch;
+  gpu::router(r, stream);
+
+  gpu::ActQuantArgs q{sc.x, n, dim, dim, sc.codes, sc.act_scales};
+  gpu::act_quant8(q, stream);
+  auto bank = [&](const GpuExpertBank& w, int64_t div, float* y, int64_t out) {
+    gpu::Lin4Args a;
+    a.w = {w.packed.as<uint8_t>(), w.scales.as<uint8_t>(), w.in, w.out, w.n};
+    a.x_codes = sc.codes;
+    a.x_scales = sc.act_scales;
+    a.rows = pairs;
+    a.expert_ids = sc.ids;
+    a.x_row_div = div;
+    a.y = y;
+    a.y_stride = out;
+    a.round_bf16 = true;
+    gpu::lin4(a, stream);
+  };
+  bank(b.w1, K, sc.eg, inter);
+  bank(b.w3, K, sc.eu, inter);
+  const float limit = static_cast<float>(c.swiglu_limit);
+  gpu::SwigluArgs s{sc.eg, sc.eu, pairs, inter, sc.route_w, limit, sc.eg};
+  gpu::swiglu(s, stream);
+  gpu::ActQuantArgs q2{sc.eg, pairs, inter, inter, sc.codes, sc.act_scales};
+  gpu::act_quant8(q2, stream);
+  bank(b.w2, 1, sc.routed, dim);
+
+  linear(b.sh_w1, sc.x, dim, n, sc.sg, inter, true);
+  linear(b.sh_w3, sc.x, dim, n, sc.su, inter, true);
+  gpu::SwigluArgs ss{sc.sg, sc.su, n, inter, nullptr, limit, sc.sg};
+  gpu::swiglu(ss, stream);
+  linear(b.sh_w2, sc.sg, inter, n, sc.shared, dim, true);
+  gpu::MoeCombineArgs mc{sc.routed, sc.ids, n, K, dim, sc.shared, sc.y};
+  gpu::moe_combine(mc, stream);
+}
+
+// Engram (block.cpp engram): the pass's table rows staged from the host store, dequantised on the
+// device, wkv, then the per-stream gates update the streams in place.
+void Impl::engram(const GpuBlock& b, const engram::EngramFetch& fetch, const std::vector<int64_t>& ids, int64_t n) {
+  const ModelConfig& c = cfg;
+  const int64_t cols = c.n_engram_columns(), hdim = c.engram_head_dim, dim = c.hidden_size, hc = c.hc_mult;
+  const int64_t rows = n * cols;
+  // The staging buffer is reused by the next Engram layer: wait for the previous upload's reader.
+  gpu::check_cuda(cudaStreamSynchronize(stream), "engram staging sync");
+  fetch.copy_rows(std::span<const int64_t>(ids.data(), static_cast<size_t>(rows)), engram_host.data());
+  gpu::check_cuda(cudaMemcpyAsync(sc.engram_raw, engram_host.data(), static_cast<size_t>(rows * engram_row_bytes),
+                                  cudaMemcpyHostToDevice, stream),
+                  "engram rows upload");
+  gpu::EngramDequantArgs d{sc.engram_raw, engram_row_bytes, sc.slots, rows, hdim, sc.engram_rows};
+  gpu::engram_dequant(d, stream);
+  linear(b.e_wkv, sc.engram_rows, cols * hdim, n, sc.engram_kv, (hc + 1) * dim, true);
+  gpu::EngramGateArgs g;
+  g.h = sc.h;
+  g.kv = sc.engram_kv;
+  g.gate_w = b.e_gate_w.as<float>();
+  g.n = n;
+  g.hc = hc;
+  g.dim = dim;
+  g.eps = static_cast<float>(c.rms_norm_eps);
+  g.inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(dim), -0.5));
+  gpu::engram_gate(g, stream);
+}
+
+// One block (block.cpp block_forward): the attention input is collapsed with the carried `pre`
+// weights, the MoE input with the attention site's pre; `pre` then becomes the MoE site's.
+void Impl::block_forward(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p) {
+  const ModelConfig& c = cfg;
+  const int64_t n = p.n, hc = c.hc_mult, dim = c.hidden_size, mixw = (2 + hc) * hc;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  auto mix = [&](const DeviceBuffer& fn, const DeviceBuffer& base, const DeviceBuffer& scale, float* out) {
+    gpu::HcMixArgs a;
+    a.h = sc.h;
+    a.n = n;
+    a.hc = hc;
+    a.dim = dim;
+    a.fn = fn.as<float>();
+    a.base = base.as<float>();
+    a.scale = scale.as<float>();
+    a.iters = c.hc_sinkhorn_iters;
+    a.hc_eps = static_cast<float>(c.hc_eps);
+    a.norm_eps = eps;
+    a.mix = out;
+    gpu::hc_mix(a, stream);
+  };
+  auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm) {
+    gpu::HcCollapseArgs a{sc.h, w, w_stride, n, hc, dim, sc.x};
+    gpu::hc_collapse(a, stream);
+    gpu::RmsNormArgs r{sc.x, dim, norm.as<float>(), sc.x, dim, n, dim, eps};
+    gpu::rms_norm(r, stream);
+  };
+  mix(b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sc.mix_a);
+  collapse_norm(sc.pre, hc, b.attn_norm);
+  attention(b, st, shared, p);
+  gpu::HcExpandArgs ea{sc.y, sc.h, sc.mix_a, n, hc, dim};
+  gpu::hc_expand(ea, stream);
+  mix(b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sc.mix_f);
+  collapse_norm(sc.mix_a, mixw, b.ffn_norm);
+  moe(b, n);
+  gpu::HcExpandArgs ef{sc.y, sc.h, sc.mix_f, n, hc, dim};
+  gpu::hc_expand(ef, stream);
+  // pre <- the MoE site's pre weights (the first hc values of each mix row)
+  gpu::check_cuda(cudaMemcpy2DAsync(sc.pre, static_cast<size_t>(hc) * 4, sc.mix_f, static_cast<size_t>(mixw) * 4,
+                                    static_cast<size_t>(hc) * 4, static_cast<size_t>(n), cudaMemcpyDeviceToDevice,
+                                    stream),
+                  "pre copy");
+}
+
+void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int64_t logit_rows_from,
+                    float* logits_host, BlockDump* dump) {
+  const ModelConfig& c = cfg;
+  const int64_t n = p.n, dim = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
+
+  // ---- Engram hash ids [n][n_engram][cols] and the rows' prefetch (cpu_model.cpp) ----
+  const int64_t n_eng = static_cast<int64_t>(engram_hash.size()), cols = c.n_engram_columns();
+  const int64_t N = c.engram_max_ngram_size;
+  std::vector<int64_t> hash_ids(static_cast<size_t>(n * n_eng * cols));
+  std::vector<std::vector<int64_t>> engram_rows(static_cast<size_t>(n_eng));
+  std::vector<std::shared_ptr<engram::EngramFetch>> engram_fetch(static_cast<size_t>(n_eng));
+  if (n_eng > 0) {
+    std::vector<int64_t> hist(static_cast<size_t>(N));
+    const int64_t hlen = static_cast<int64_t>(st.engram_history.size());
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t k = 0; k < N; ++k) {
+        if (k <= t) hist[k] = token_map[static_cast<size_t>(tokens[t - k])];
+        else {
+          const int64_t back = k - t;
+          hist[k] = back <= hlen ? st.engram_history[static_cast<size_t>(hlen - back)] : -1;
+        }
+      }
+      for (int64_t e = 0; e < n_eng; ++e)
+        engram_hash_ids(engram_hash[static_cast<size_t>(e)], c, hist.data(), engram_pad,
+                        &hash_ids[(t * n_eng + e) * cols]);
+    }
+    for (int64_t e = 0; e < n_eng; ++e) {
+      auto& r = engram_rows[static_cast<size_t>(e)];
+      r.resize(static_cast<size_t>(n * cols));
+      for (int64_t t = 0; t < n; ++t) std::copy_n(&hash_ids[(t * n_eng + e) * cols], cols, &r[t * cols]);
+      engram_fetch[static_cast<size_t>(e)] = engram_store->prefetch(e, r);
+    }
+  }
+  if (dump) dump->engram_hash_ids.insert(dump->engram_hash_ids.end(), hash_ids.begin(), hash_ids.end());
+
+  // ---- embedding into hc streams, pre = (1, 0, ..) ----
+  gpu::check_cuda(cudaMemcpyAsync(sc.tokens, tokens, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream),
+                  "tokens upload");
+  gpu::EmbedArgs ea{embed.as<uint16_t>(), V, dim, hc, sc.tokens, n, sc.h};
+  gpu::embed(ea, stream);
+  std::vector<float> pre(static_cast<size_t>(n * hc), 0.0f);
+  for (int64_t t = 0; t < n; ++t) pre[t * hc] = 1.0f;
+  gpu::check_cuda(cudaMemcpyAsync(sc.pre, pre.data(), pre.size() * 4, cudaMemcpyHostToDevice, stream), "pre upload");
+
+  PassShared shared;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    const GpuBlock& b = blocks[static_cast<size_t>(L)];
+    if (b.has_engram) {
+      const auto e = static_cast<size_t>(b.engram_index);
+      engram(b, *engram_fetch[e], engram_rows[e], n);
+    }
+    block_forward(b, st, shared, p);
+    if (dump) {
+      std::vector<float> h(static_cast<size_t>(n * hc * dim)), pr(static_cast<size_t>(n * hc));
+      gpu::check_cuda(cudaMemcpyAsync(h.data(), sc.h, h.size() * 4, cudaMemcpyDeviceToHost, stream), "dump h");
+      gpu::check_cuda(cudaMemcpyAsync(pr.data(), sc.pre, pr.size() * 4, cudaMemcpyDeviceToHost, stream), "dump pre");
+      gpu::check_cuda(cudaStreamSynchronize(stream), "dump sync");
+      auto& dh = dump->h[static_cast<size_t>(L)];
+      auto& dp = dump->pre[static_cast<size_t>(L)];
+      dh.insert(dh.end(), h.begin(), h.end());
+      dp.insert(dp.end(), pr.begin(), pr.end());
+    }
+  }
+
+  // ---- final norm and head ----
+  if (logit_rows_from >= 0) {
+    const int64_t rows = n - logit_rows_from;
+    gpu::HcCollapseArgs ca{sc.h + logit_rows_from * hc * dim, sc.pre + logit_rows_from * hc, hc, rows, hc, dim, sc.x};
+    gpu::hc_collapse(ca, stream);
+    gpu::RmsNormArgs rn{sc.x, dim, final_norm.as<float>(), sc.x, dim, rows, dim, static_cast<float>(c.rms_norm_eps)};
+    gpu::rms_norm(rn, stream);
+    gpu::DenseArgs ha;
+    ha.w = head.get();
+    ha.wt = head_type;
+    ha.in = dim;
+    ha.out = V;
+    ha.x = sc.x;
+    ha.x_stride = dim;
+    ha.m = rows;
+    ha.y = sc.logits;
+    ha.y_stride = V;
+    ha.round_bf16 = false;  // the head's fp32 logits (cpu_model.cpp head_logits)
+    gpu::lin_dense(ha, stream);
+    gpu::check_cuda(cudaMemcpyAsync(logits_host, sc.logits, static_cast<size_t>(rows * V) * 4, cudaMemcpyDeviceToHost,
+                                    stream),
+                    "logits download");
+  }
+  gpu::check_cuda(cudaStreamSynchronize(stream), "forward");
+
+  // ---- carried host state: Engram history ----
+  if (n_eng > 0) {
+    const size_t keep = static_cast<size_t>(std::max<int64_t>(0, N - 1));
+    for (int64_t t = 0; t < n && keep > 0; ++t) {
+      if (st.engram_history.size() == keep) st.engram_history.erase(st.engram_history.begin());
+      st.engram_history.push_back(token_map[static_cast<size_t>(tokens[t])]);
+    }
+  }
+  st.n_past = p.start + n;
+}
+
+void Impl::forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_logits, std::vector<float>* logits,
+                   BlockDump* dump) {
+  const ModelConfig& c = cfg;
+  const int64_t V = c.vocab_size, start = st.n_past, end = start + n;
+  DSV_CHECK(n > 0, "forward: no tokens");
+  for (int64_t t = 0; t < n; ++t)
+    DSV_CHECK(tokens[t] >= 0 && tokens[t] < V, "token id {} at position {} is outside the vocabulary [0, {})",
+              tokens[t], start + t, V);
+  if (c.vision.enabled())
+    for (int64_t t = 0; t < n; ++t)
+      DSV_CHECK(tokens[t] != c.image_token_id, "image token {} at position {}: this engine is text-only", tokens[t],
+                start + t);
+  DSV_CHECK(end <= c.max_position_embeddings,
+            "sequence of {} tokens exceeds the configured context (max_position_embeddings = {})", end,
+            c.max_position_embeddings);
+  DSV_CHECK(end <= st.capacity_tokens && st.prompt_len <= st.capacity_tokens,
+            "forward: {} tokens at position {} (prompt of {}) exceed the CUDA sequence capacity of {} tokens", n, start,
+            st.prompt_len, st.capacity_tokens);
+  const bool decode = n == 1 && start > 0 && start >= st.prompt_len;
+  const int64_t layout_end = std::max(end, st.prompt_len);
+  if (logits) logits->assign(static_cast<size_t>((all_logits ? n : 1) * V), 0.0f);
+  if (dump) {
+    dump->h.assign(static_cast<size_t>(c.num_hidden_layers), {});
+    dump->pre.assign(static_cast<size_t>(c.num_hidden_layers), {});
+    dump->engram_hash_ids.clear();
+  }
+  for (int64_t off = 0; off < n; off += sc.m) {
+    const int64_t cnt = std::min(sc.m, n - off);
+    const Pass p{start + off, cnt, layout_end, decode};
+    const bool last = off + cnt == n;
+    int64_t from = -1;
+    float* dst = nullptr;
+    if (logits && all_logits) {
+      from = 0;
+      dst = logits->data() + off * V;
+    } else if (logits && last) {
+      from = cnt - 1;
+      dst = logits->data();
+    }
+    run_pass(st, tokens + off, p, from, dst, dump);
+  }
+}
+
+}  // namespace dsv41::model::cuda
+#endif

@@ -1,0 +1,383 @@
+// Loading the CUDA backend: every tensor of the release format read with the CPU engine's loaders
+// (same names, shapes and load-time conversions as src/model/cpu_load.cpp) and uploaded once; the
+// scratch arena sized from the config. FP8 and FP4 weights stay in their stored codes and scales.
+#include "cuda_model/cuda_impl.h"
+
+#if DSV41_HAS_CUDA
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "dsv41/common/error.h"
+#include "dsv41/common/numeric.h"
+#include "dsv41/exl3/exl3_linear.h"
+#include "model/cpu_impl.h"
+#include "model/linears.h"
+#include "model/ops/rope.h"
+
+namespace dsv41::model::cuda {
+namespace {
+
+bool bf16_exact(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float f) { return std::isnan(f) || bf16_round(f) == f; });
+}
+
+std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16_bits(v[i]);
+  return b;
+}
+
+void no_exl3(const Checkpoint& ck, const std::string& prefix) {
+  DSV_CHECK(!ck.has(prefix + ".trellis"),
+            "{}: EXL3 linears are not supported by the CUDA model backend yet; run this checkpoint with --device cpu",
+            prefix);
+}
+
+}  // namespace
+
+Impl::~Impl() {
+  if (stream) cudaStreamDestroy(stream);
+}
+
+// Dense values are uploaded as BF16 when every value is a bf16 value (the kernels compute in fp32
+// either way, so the results are identical), else as F32.
+static DeviceBuffer upload_dense(const std::vector<float>& v, DenseType& type, bool force_f32 = false) {
+  if (!force_f32 && bf16_exact(v)) {
+    type = DenseType::BF16;
+    return DeviceBuffer::from(to_bf16_bits(v));
+  }
+  type = DenseType::F32;
+  return DeviceBuffer::from(v);
+}
+
+GpuLinear Impl::upload_linear(const std::string& prefix, int64_t in, int64_t out, int kind_int) {
+  const auto kind = static_cast<LinearKind>(kind_int);
+  const Checkpoint& ck = *ckpt;
+  no_exl3(ck, prefix);
+  GpuLinear l;
+  l.in = in;
+  l.out = out;
+  const TensorInfo& w = ck.get(prefix + ".weight");
+  if (kind == LinearKind::kAuto && (w.dtype == DType::F8_E4M3 || w.dtype == DType::I8)) {
+    // The CPU engine's constructors check shapes; building one validates the tensors identically.
+    (void)load_linear(ck, prefix, in, out, kind);
+    const TensorInfo& s = ck.get(prefix + ".scale");
+    l.kind = w.dtype == DType::F8_E4M3 ? GpuLinear::Kind::Fp8 : GpuLinear::Kind::Fp4;
+    l.w = DeviceBuffer(w.nbytes);
+    l.w.upload(w.data, w.nbytes);
+    l.s = DeviceBuffer(s.nbytes);
+    l.s.upload(s.data, s.nbytes);
+  } else {
+    std::vector<float> v = load_dense_weight(ck, prefix, in, out);
+    if (kind == LinearKind::kBF16 && w.dtype == DType::F8_E4M3)
+      for (float& f : v) f = bf16_round(f);
+    l.kind = GpuLinear::Kind::Dense;
+    l.w = upload_dense(v, l.dense_type, kind == LinearKind::kF32);
+  }
+  weight_bytes += static_cast<int64_t>(l.w.bytes() + l.s.bytes());
+  return l;
+}
+
+void Impl::load_block(GpuBlock& b, int64_t layer) {
+  const ModelConfig& c = cfg;
+  const Checkpoint& ck = *ckpt;
+  const int64_t dim = c.hidden_size, hd = c.head_dim, H = c.num_attention_heads, hc = c.hc_mult;
+  const std::string prefix = "layers." + std::to_string(layer);
+  auto f32 = [&](const std::string& name, std::vector<int64_t> shape) {
+    DeviceBuffer d = DeviceBuffer::from(load_f32(ck, name, std::move(shape)));
+    weight_bytes += static_cast<int64_t>(d.bytes());
+    return d;
+  };
+  b.layer = layer;
+  b.ratio = c.ratio(layer);
+  const RopeTable rope = RopeTable::for_ratio(c, b.ratio);
+  b.freqs = DeviceBuffer::from(rope.freqs());
+  b.attn_norm = f32(prefix + ".attn_norm.weight", {dim});
+  b.ffn_norm = f32(prefix + ".ffn_norm.weight", {dim});
+  const int64_t mix = (2 + hc) * hc;
+  b.hc_attn_fn = f32(prefix + ".hc_attn_fn", {mix, hc * dim});
+  b.hc_attn_base = f32(prefix + ".hc_attn_base", {mix});
+  b.hc_attn_scale = f32(prefix + ".hc_attn_scale", {3});
+  b.hc_ffn_fn = f32(prefix + ".hc_ffn_fn", {mix, hc * dim});
+  b.hc_ffn_base = f32(prefix + ".hc_ffn_base", {mix});
+  b.hc_ffn_scale = f32(prefix + ".hc_ffn_scale", {3});
+
+  const std::string ap = prefix + ".attn";
+  const int kAuto = static_cast<int>(LinearKind::kAuto), kBF16 = static_cast<int>(LinearKind::kBF16),
+            kF32 = static_cast<int>(LinearKind::kF32);
+  b.wq_a = upload_linear(ap + ".wq_a", dim, c.q_lora_rank, kAuto);
+  b.wq_b = upload_linear(ap + ".wq_b", c.q_lora_rank, H * hd, kAuto);
+  b.wkv = upload_linear(ap + ".wkv", dim, hd, kAuto);
+  b.wo_b = upload_linear(ap + ".wo_b", c.o_groups * c.o_lora_rank, dim, kAuto);
+  b.q_norm = f32(ap + ".q_norm.weight", {c.q_lora_rank});
+  b.kv_norm = f32(ap + ".kv_norm.weight", {hd});
+  b.sink = f32(ap + ".attn_sink", {H});
+  DSV_CHECK(!ck.has(ap + ".wo_a.slice.0.trellis") && !ck.has(ap + ".wo_a.slice.0.weight"),
+            "{}.wo_a: the per-group (EXL3 layout) output projection is not supported by the CUDA model backend yet", ap);
+  const int64_t in_g = H * hd / c.o_groups;
+  {
+    std::vector<float> w = load_dense_weight(ck, ap + ".wo_a", in_g, c.o_groups * c.o_lora_rank);
+    if (ck.get(ap + ".wo_a.weight").dtype == DType::F8_E4M3)
+      for (float& f : w) f = bf16_round(f);
+    b.wo_a = upload_dense(w, b.wo_a_type);
+    weight_bytes += static_cast<int64_t>(b.wo_a.bytes());
+  }
+  if (c.is_kv_source(layer)) {
+    b.has_compressor = true;
+    // Ratio 1: LinBF16; ratio > 1: LinF32 (the compressor step takes F32 weights there).
+    GpuLinear wkv = upload_linear(ap + ".compressor.wkv", dim, hd, b.ratio > 1 ? kF32 : kBF16);
+    b.c_wkv = std::move(wkv.w);
+    b.c_wkv_type = wkv.dense_type;
+    if (b.ratio > 1) b.c_wgate = std::move(upload_linear(ap + ".compressor.wgate", dim, hd, kF32).w);
+    b.c_norm = f32(ap + ".compressor.norm.weight", {hd});
+    if (c.is_index_source(layer)) {
+      b.has_index_keys = true;
+      GpuLinear wk = upload_linear(ap + ".indexer.wk", hd, c.index_head_dim, kBF16);
+      DSV_CHECK(wk.dense_type == DenseType::BF16,
+                "{}.indexer.wk: the CUDA compressor needs bf16-representable index-key weights", ap);
+      b.i_wk = std::move(wk.w);
+      b.i_k_norm = f32(ap + ".indexer.k_norm.weight", {c.index_head_dim});
+    }
+  }
+  if (c.is_index_source(layer)) {
+    b.has_indexer = true;
+    b.i_wq_b = upload_linear(ap + ".indexer.wq_b", c.q_lora_rank, c.index_n_heads * c.index_head_dim, kAuto);
+    b.i_weights_proj = upload_linear(ap + ".indexer.weights_proj", dim, c.index_n_heads, kBF16);
+  }
+
+  // ---- MoE: routed experts as FP4 banks, the shared expert as plain linears ----
+  const std::string fp = prefix + ".ffn";
+  b.n_experts = c.n_routed_experts;
+  b.top_k = c.num_experts_per_tok;
+  b.gate_w = f32(fp + ".gate.weight", {b.n_experts, dim});
+  b.gate_bias = f32(fp + ".gate.bias", {b.n_experts});
+  const int64_t inter = c.moe_intermediate_size;
+  auto bank = [&](GpuExpertBank& k, const char* which, int64_t in, int64_t out) {
+    k.in = in;
+    k.out = out;
+    k.n = b.n_experts;
+    const int64_t wbytes = out * (in / 2), sbytes = out * (in / 32);
+    k.packed = DeviceBuffer(static_cast<size_t>(k.n * wbytes));
+    k.scales = DeviceBuffer(static_cast<size_t>(k.n * sbytes));
+    for (int64_t e = 0; e < k.n; ++e) {
+      const std::string p = fp + ".experts." + std::to_string(e) + "." + which;
+      no_exl3(ck, p);
+      const TensorInfo& w = ck.get(p + ".weight");
+      DSV_CHECK(w.dtype == DType::I8,
+                "{}.weight: the CUDA model backend runs routed experts as FP4 (I8) banks, this checkpoint stores {}", p,
+                dtype_name(w.dtype));
+      (void)load_linear(ck, p, in, out);  // shape checks of the CPU engine
+      const TensorInfo& s = ck.get(p + ".scale");
+      k.packed.upload(w.data, static_cast<size_t>(wbytes), static_cast<size_t>(e * wbytes));
+      k.scales.upload(s.data, static_cast<size_t>(sbytes), static_cast<size_t>(e * sbytes));
+    }
+    weight_bytes += static_cast<int64_t>(k.packed.bytes() + k.scales.bytes());
+  };
+  bank(b.w1, "w1", dim, inter);
+  bank(b.w2, "w2", inter, dim);
+  bank(b.w3, "w3", dim, inter);
+  b.sh_w1 = upload_linear(fp + ".shared_experts.w1", dim, inter, kAuto);
+  b.sh_w2 = upload_linear(fp + ".shared_experts.w2", inter, dim, kAuto);
+  b.sh_w3 = upload_linear(fp + ".shared_experts.w3", dim, inter, kAuto);
+
+  if (c.is_engram_layer(layer)) {
+    b.has_engram = true;
+    b.engram_index = c.engram_index(layer);
+    const std::string ep = prefix + ".engram";
+    b.e_wkv = upload_linear(ep + ".wkv", c.n_engram_columns() * c.engram_head_dim, dim * (hc + 1), kAuto);
+    const auto q = load_f32(ck, ep + ".q_weight", {hc, dim});
+    const auto k = load_f32(ck, ep + ".k_weight", {hc, dim});
+    std::vector<float> g(q.size());
+    for (size_t i = 0; i < q.size(); ++i) g[i] = q[i] * k[i];
+    b.e_gate_w = DeviceBuffer::from(g);
+    weight_bytes += static_cast<int64_t>(b.e_gate_w.bytes());
+  }
+}
+
+void Impl::load(const std::string& dir) {
+  cfg = load_model_config(dir + "/config.json");
+  const auto problems = validate_config(cfg);
+  if (!problems.empty())
+    fail("{}/config.json: {}{}", dir, problems.front(),
+         problems.size() > 1 ? fmt::format(" (and {} more)", problems.size() - 1) : std::string());
+  const ModelConfig& c = cfg;
+  DSV_CHECK(c.n_shared_experts == 1, "config: n_shared_experts = {} (the reference supports exactly 1)",
+            c.n_shared_experts);
+  DSV_CHECK(c.hc_mult >= 1 && c.hc_mult <= 16, "config: hc_mult = {} out of range", c.hc_mult);
+  DSV_CHECK(c.head_dim % 32 == 0 && c.index_head_dim % 32 == 0 && c.hidden_size % 32 == 0,
+            "config: hidden_size, head_dim and index_head_dim must be multiples of 32");
+  DSV_CHECK(c.scoring_func == "sqrtsoftplus" || c.scoring_func == "sigmoid",
+            "config: scoring_func '{}' is not supported by the CUDA model backend", c.scoring_func);
+  DSV_CHECK(opts.max_chunk_tokens >= 1, "CUDA model: max_chunk_tokens must be positive, got {}", opts.max_chunk_tokens);
+  int n_dev = 0;
+  ops::gpu::check_cuda(cudaGetDeviceCount(&n_dev), "cudaGetDeviceCount");
+  DSV_CHECK(opts.device >= 0 && opts.device < n_dev, "CUDA device {} does not exist ({} devices)", opts.device, n_dev);
+  ops::gpu::check_cuda(cudaSetDevice(opts.device), "cudaSetDevice");
+  ops::gpu::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+
+  CheckpointOpenOptions co;
+  if (!opts.engram_storage.engram_packed.empty()) co.engram_elsewhere = "--engram-packed " + opts.engram_storage.engram_packed;
+  else if (!opts.engram_storage.engram_dir.empty()) co.engram_elsewhere = "--engram-dir " + opts.engram_storage.engram_dir;
+  else if (opts.engram_store) co.engram_elsewhere = "the Engram store given to the model";
+  ckpt = Checkpoint::open(dir, co);
+
+  max_context = opts.max_context > 0 ? opts.max_context : std::min<int64_t>(c.max_position_embeddings, 32768);
+  DSV_CHECK(max_context <= c.max_position_embeddings, "CUDA model: max_context {} exceeds max_position_embeddings {}",
+            max_context, c.max_position_embeddings);
+
+  const TensorInfo& emb = ckpt->get("embed.weight");
+  DSV_CHECK(emb.shape == std::vector<int64_t>({c.vocab_size, c.hidden_size}) && emb.dtype == DType::BF16,
+            "embed.weight: the CUDA model backend needs BF16 [{}, {}], got {} {}", c.vocab_size, c.hidden_size,
+            dtype_name(emb.dtype), emb.shape_str());
+  embed = DeviceBuffer(emb.nbytes);
+  embed.upload(emb.data, emb.nbytes);
+  weight_bytes += static_cast<int64_t>(embed.bytes());
+  DSV_CHECK(!exl3::is_exl3_linear(*ckpt, "head"), "head: an EXL3 head is not supported by the CUDA model backend yet");
+  const TensorInfo& hw = ckpt->get("head.weight");
+  DSV_CHECK(hw.shape == std::vector<int64_t>({c.vocab_size, c.hidden_size}),
+            "tensor head.weight has shape {}, expected [{}, {}]", hw.shape_str(), c.vocab_size, c.hidden_size);
+  if (hw.dtype == DType::BF16) {
+    head = DeviceBuffer(hw.nbytes);
+    head.upload(hw.data, hw.nbytes);
+    head_type = DenseType::BF16;
+  } else {
+    DSV_CHECK(hw.dtype == DType::F16 || hw.dtype == DType::F32, "head.weight: dtype {} where BF16/F16/F32 is expected",
+              dtype_name(hw.dtype));
+    head = DeviceBuffer::from(tensor_to_f32(hw));
+    head_type = DenseType::F32;
+  }
+  weight_bytes += static_cast<int64_t>(head.bytes());
+  final_norm = DeviceBuffer::from(load_f32(*ckpt, "norm.weight", {c.hidden_size}));
+  blocks.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) load_block(blocks[static_cast<size_t>(l)], l);
+
+  engram_hash = build_engram_hashes(c);
+  engram_store = opts.engram_store ? opts.engram_store : engram::open_engram_store(c, ckpt.get(), opts.engram_storage);
+  if (!c.engram_layer_ids.empty()) {
+    DSV_CHECK(engram_store != nullptr, "this model has Engram layers but no Engram table rows were found");
+    DSV_CHECK(engram_store->geometry().fingerprint() == engram::EngramGeometry::from_config(c).fingerprint(),
+              "engram store geometry '{}' does not match this config ('{}')", engram_store->geometry().fingerprint(),
+              engram::EngramGeometry::from_config(c).fingerprint());
+    engram_row_bytes = engram_store->geometry().row_bytes;
+    DSV_CHECK(!opts.engram_token_map.empty(),
+              "this model has Engram layers: pass the token map with --engram-token-map FILE");
+    auto f = SafetensorsFile::open(opts.engram_token_map);
+    const TensorInfo* t = f->find("token_map");
+    DSV_CHECK(t != nullptr, "{}: no tensor named token_map", opts.engram_token_map);
+    DSV_CHECK(t->dtype == DType::I32 && t->shape == std::vector<int64_t>({c.vocab_size}),
+              "{}: token_map must be I32 [{}], got {} {}", opts.engram_token_map, c.vocab_size, dtype_name(t->dtype),
+              t->shape_str());
+    token_map.resize(static_cast<size_t>(c.vocab_size));
+    std::memcpy(token_map.data(), t->data, token_map.size() * 4);
+    for (int32_t v : token_map)
+      DSV_CHECK(v >= 0 && v < c.engram_compressed_vocab_size,
+                "{}: token_map value {} outside [0, engram_compressed_vocab_size={})", opts.engram_token_map, v,
+                c.engram_compressed_vocab_size);
+    DSV_CHECK(c.engram_pad_token_id >= 0 && c.engram_pad_token_id < c.vocab_size,
+              "config: engram_pad_token_id {} out of range", c.engram_pad_token_id);
+    engram_pad = token_map[static_cast<size_t>(c.engram_pad_token_id)];
+  }
+  alloc_scratch();
+  // Weight uploads ran on the legacy stream, which the model's non-blocking stream does not wait for.
+  ops::gpu::check_cuda(cudaDeviceSynchronize(), "weight upload");
+  spdlog::info("cuda model: {} layers on device {}; memory: weights {:.1f} MiB, state {:.2f} MiB per sequence of {} "
+               "tokens, scratch {:.1f} MiB ({} tokens per pass)",
+               blocks.size(), opts.device, weight_bytes / 1048576.0, state_bytes() / 1048576.0, max_context,
+               static_cast<double>(sc.arena.bytes()) / 1048576.0, sc.m);
+}
+
+void Impl::alloc_scratch() {
+  const ModelConfig& c = cfg;
+  const int64_t m = opts.max_chunk_tokens, dim = c.hidden_size, hc = c.hc_mult, mixw = (2 + hc) * hc;
+  const int64_t qlr = c.q_lora_rank, H = c.num_attention_heads, hd = c.head_dim, ihd = c.index_head_dim;
+  const int64_t IH = c.index_n_heads, win = c.sliding_window, GR = c.o_groups * c.o_lora_rank;
+  const int64_t inter = c.moe_intermediate_size, K = c.num_experts_per_tok, E = c.n_routed_experts;
+  const int64_t cols = c.n_engram_columns(), edim = cols * c.engram_head_dim, V = c.vocab_size;
+  int64_t min_ratio = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (c.ratio(l) > 0 && (min_ratio == 0 || c.ratio(l) < min_ratio)) min_ratio = c.ratio(l);
+  const int64_t t_max = min_ratio > 0 ? std::max<int64_t>(1, max_context / min_ratio) : 1;
+  const int64_t bs = std::max<int64_t>(1, c.candidate_block_size), nb = (t_max + bs - 1) / bs;
+  const int64_t tk = std::max<int64_t>(1, c.index_topk);
+  const int64_t max_in = std::max({dim, qlr, GR, inter, edim, H * hd, hd});
+  const int64_t code_bytes = std::max(m * max_in, m * K * inter);
+  const int64_t engram_raw = c.engram_layer_ids.empty() ? 0 : m * cols * engram_row_bytes;
+
+  struct Piece {
+    void** dst;
+    int64_t bytes;
+  };
+  Scratch& s = sc;
+  s.m = m;
+  s.t_max = t_max;
+  const int64_t f = 4;
+  std::vector<Piece> pieces = {
+      {reinterpret_cast<void**>(&s.h), m * hc * dim * f},
+      {reinterpret_cast<void**>(&s.pre), m * hc * f},
+      {reinterpret_cast<void**>(&s.x), m * dim * f},
+      {reinterpret_cast<void**>(&s.y), m * dim * f},
+      {reinterpret_cast<void**>(&s.mix_a), m * mixw * f},
+      {reinterpret_cast<void**>(&s.mix_f), m * mixw * f},
+      {reinterpret_cast<void**>(&s.qr), m * qlr * f},
+      {reinterpret_cast<void**>(&s.q), m * H * hd * f},
+      {reinterpret_cast<void**>(&s.kv), m * hd * f},
+      {reinterpret_cast<void**>(&s.o), m * H * hd * f},
+      {reinterpret_cast<void**>(&s.z), m * GR * f},
+      {reinterpret_cast<void**>(&s.kv_bf16), m * hd * 2},
+      {reinterpret_cast<void**>(&s.staged), (win - 1 + m) * hd * 2},
+      {reinterpret_cast<void**>(&s.codes), code_bytes},
+      {reinterpret_cast<void**>(&s.act_scales), (code_bytes / 32 + 1) * f},
+      {reinterpret_cast<void**>(&s.c_a), m * hd * f},
+      {reinterpret_cast<void**>(&s.c_g), m * hd * f},
+      {reinterpret_cast<void**>(&s.c_latent), m * hd * f},
+      {reinterpret_cast<void**>(&s.c_work), m * std::max(hd, ihd) * f},
+      {reinterpret_cast<void**>(&s.qi), m * IH * ihd * f},
+      {reinterpret_cast<void**>(&s.iw), m * IH * f},
+      {reinterpret_cast<void**>(&s.scores), m * t_max * f},
+      {reinterpret_cast<void**>(&s.block_scores), m * nb * f},
+      {reinterpret_cast<void**>(&s.topk), m * tk * 4},
+      {reinterpret_cast<void**>(&s.block_sel), m * nb * 4},
+      {reinterpret_cast<void**>(&s.list), m * (win + tk) * 4},
+      {reinterpret_cast<void**>(&s.keep), m * nb},
+      {reinterpret_cast<void**>(&s.pool_a), m * 8},
+      {reinterpret_cast<void**>(&s.pool_b), m * 8},
+      {reinterpret_cast<void**>(&s.ids), m * K * 4},
+      {reinterpret_cast<void**>(&s.tokens), m * 4},
+      {reinterpret_cast<void**>(&s.slots), m * std::max<int64_t>(1, cols) * 4},
+      {reinterpret_cast<void**>(&s.route_w), m * K * f},
+      {reinterpret_cast<void**>(&s.route_scratch), m * 2 * E * f},
+      {reinterpret_cast<void**>(&s.eg), m * K * inter * f},
+      {reinterpret_cast<void**>(&s.eu), m * K * inter * f},
+      {reinterpret_cast<void**>(&s.routed), m * K * dim * f},
+      {reinterpret_cast<void**>(&s.sg), m * inter * f},
+      {reinterpret_cast<void**>(&s.su), m * inter * f},
+      {reinterpret_cast<void**>(&s.shared), m * dim * f},
+      {reinterpret_cast<void**>(&s.engram_raw), engram_raw},
+      {reinterpret_cast<void**>(&s.engram_rows), m * edim * f},
+      {reinterpret_cast<void**>(&s.engram_kv), m * (hc + 1) * dim * f},
+      {reinterpret_cast<void**>(&s.logits), m * V * f},
+  };
+  auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
+  int64_t total = 0;
+  for (const Piece& p : pieces) total += align(std::max<int64_t>(p.bytes, 1));
+  s.arena = DeviceBuffer(static_cast<size_t>(total));
+  auto* base = static_cast<uint8_t*>(s.arena.get());
+  int64_t off = 0;
+  for (const Piece& p : pieces) {
+    *p.dst = base + off;
+    off += align(std::max<int64_t>(p.bytes, 1));
+  }
+  // Engram row slots are the identity: pass rows are staged in output order.
+  if (cols > 0) {
+    std::vector<int32_t> iota(static_cast<size_t>(m * cols));
+    for (size_t i = 0; i < iota.size(); ++i) iota[i] = static_cast<int32_t>(i);
+    ops::gpu::check_cuda(cudaMemcpy(s.slots, iota.data(), iota.size() * 4, cudaMemcpyHostToDevice), "slots upload");
+    engram_host.resize(static_cast<size_t>(engram_raw));
+  }
+}
+
+}  // namespace dsv41::model::cuda
+#endif

@@ -135,7 +135,10 @@ std::unique_ptr<Checkpoint> check_memory_and_preload(const ServeOptions& o) {
 int run_serve(const ServeOptions& o) {
   if (o.model_dir.empty()) fail("--model DIR is required (see --help)");
   if (o.rank >= o.world_size) fail("--rank {} must be below --world-size {}", o.rank, o.world_size);
-  if (o.rank > 0) return run_worker_rank(o);  // headless tensor-parallel worker: no HTTP server
+  if (o.rank > 0) {  // headless tensor-parallel worker: no HTTP server, same start-up budget check
+    check_memory_and_preload(o);
+    return run_worker_rank(o);
+  }
   if (o.device == "cuda") fail("--device cuda: the CUDA backend is not available in this version; use --device cpu");
   if (o.device != "cpu" && o.device != "auto") fail("--device {}: expected cpu, cuda or auto", o.device);
 
@@ -230,6 +233,16 @@ int run_serve(const ServeOptions& o) {
   ao.model_names = o.served_model_names.empty() ? std::vector<std::string>{o.model_dir} : o.served_model_names;
   ao.api_key = api_key;
   guards.api_hooks(ao);
+  if (tp_model) {
+    // A lost or restarting rank makes the whole server unable to run a step: /health says which.
+    ao.runtime_health = [base = ao.runtime_health, tp = tp_model.get(), n = o.world_size] {
+      runtime::RuntimeHealth h = base ? base() : runtime::RuntimeHealth{};
+      const std::string why = tp->unavailable_reason();
+      h.detail["ranks"] = {{"world_size", n}, {"ready", why.empty()}, {"reason", why}};
+      h.healthy = h.healthy && why.empty();
+      return h;
+    };
+  }
   if (mo.engram_store)
     ao.extra_metrics = [store = mo.engram_store] { return engram::format_engram_metrics(store->metrics()); };
   serve::Api api(scheduler, *text, ao);

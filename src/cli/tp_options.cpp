@@ -43,6 +43,8 @@ int run_worker_rank(const ServeOptions& o) {
   w.device = o.device;
   w.engram_token_map = o.engram_token_map;
   w.engram_dir = o.engram_dir;
+  w.engram_packed = o.engram_packed;
+  w.engram_cache_gib = o.engram_cache_gib;
   return dist::run_worker(w);
 }
 

@@ -202,6 +202,8 @@ int run_worker(const TpWorkerOptions& o) {
         model::CpuModelOptions mo;
         mo.engram_token_map = o.engram_token_map;
         mo.engram_storage.engram_dir = o.engram_dir;
+        mo.engram_storage.engram_packed = o.engram_packed;
+        mo.engram_storage.cache_gib = o.engram_cache_gib;
         mo.dspark = run.dspark;
         mo.corrected_index_keys = run.corrected_index_keys;
         mo.tp = tcp;

@@ -182,6 +182,11 @@ TEST(TensorParallelServe, AnswersLikeOneRankAndSurvivesAWorkerFailure) {
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
     EXPECT_EQ(r.status, 503) << r.body;
     EXPECT_NE(r.body.find("tensor-parallel rank 1"), std::string::npos) << r.body;
+    // /health tells load balancers the same thing, naming the rank.
+    auto h = dsv41::test_support::http_request(two.port, "GET", "/health", {}, {}, 2000);
+    EXPECT_EQ(h.status, 503) << h.body;
+    EXPECT_EQ(J::parse(h.body)["ranks"]["ready"], false) << h.body;
+    EXPECT_NE(J::parse(h.body)["ranks"]["reason"].get<std::string>().find("rank 1"), std::string::npos) << h.body;
   }
 
   // A restarted worker is adopted without restarting the server.

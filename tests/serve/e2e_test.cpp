@@ -14,6 +14,7 @@
 #include "dsv41/loader/safetensors.h"
 #include "dsv41/model/cpu_model.h"
 #include "http_client.h"
+#include "../support/run_cli.h"
 #include "sched/scheduler.h"
 #include "serve/api.h"
 #include "serve/text_backend_impl.h"
@@ -260,7 +261,12 @@ TEST(EndToEnd, TheBinaryRefusesToStartBelowTheMemoryMarginWithTheTable) {
   EXPECT_NE(text.find("--memory-margin-gib"), std::string::npos) << text;
 }
 
-TEST(EndToEnd, ClearErrorsForUnsupportedRanks) {
-  EXPECT_EQ(run({DSV41_BINARY, "--model", kModel, "--world-size", "2"}), 1);
-  EXPECT_EQ(run({DSV41_BINARY, "--model", kModel + "/missing"}), 1);
+TEST(EndToEnd, ClearErrorsForBadRanksAndModelDirs) {
+  // One precise message and exit code 1 for each bad start-up, before anything listens.
+  const auto bad_rank = dsv41::test::run_cli("--model " + kModel + " --rank 2 --world-size 2", dsv41::test::Stderr::kMerge);
+  EXPECT_EQ(bad_rank.exit_code, 1);
+  EXPECT_NE(bad_rank.out.find("--rank 2 must be below --world-size 2"), std::string::npos) << bad_rank.out;
+  const auto missing = dsv41::test::run_cli("--model " + kModel + "/missing", dsv41::test::Stderr::kMerge);
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.out.find("no such folder"), std::string::npos) << missing.out;
 }

@@ -55,6 +55,8 @@ struct TpWorkerOptions {
   std::string device = "cpu";
   std::string engram_token_map;
   std::string engram_dir;
+  std::string engram_packed;     // --engram-packed
+  double engram_cache_gib = 0.0;  // --engram-cache-gib
   double heartbeat_timeout_s = 3.0;
 };
 

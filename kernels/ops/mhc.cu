@@ -1,5 +1,6 @@
 // mHC (MODEL.md §5.2): the per-site mix (stream rsqrt, fp32 GEMV, Sinkhorn split), collapse and
-// expand. Sums follow the CPU reference's order; exp goes through double like libm's expf.
+// expand. Sums follow the CPU reference's order; exp goes through double like libm's expf, and the
+// pre/post sigmoids use PyTorch's vectorised exp where the reference's elementwise kernel does.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 
@@ -9,14 +10,16 @@ namespace {
 constexpr int kMaxHc = 16;
 
 // hc_split_sinkhorn (src/model/ops/mhc.cpp), one thread.
+// The first `vec` pre/post elements take torch.sigmoid's vector path (HcMixArgs::rows_ref).
 __device__ void split_sinkhorn(const float* m, int hc, const float* base, const float* scale, int64_t iters, float eps,
-                               float* out) {
+                               int vec, float* out) {
   float* pre = out;
   float* post = out + hc;
   float* c = out + 2 * hc;
   for (int i = 0; i < hc; ++i) {
-    pre[i] = __fadd_rn(dev::sigmoid_ref(__fadd_rn(__fmul_rn(m[i], scale[0]), base[i])), eps);
-    post[i] = __fmul_rn(2.0f, dev::sigmoid_ref(__fadd_rn(__fmul_rn(m[hc + i], scale[1]), base[hc + i])));
+    const bool v = i < vec;
+    pre[i] = __fadd_rn(dev::torch_sigmoid(__fadd_rn(__fmul_rn(m[i], scale[0]), base[i]), v), eps);
+    post[i] = __fmul_rn(2.0f, dev::torch_sigmoid(__fadd_rn(__fmul_rn(m[hc + i], scale[1]), base[hc + i]), v));
   }
   for (int i = 0; i < hc * hc; ++i) c[i] = __fadd_rn(__fmul_rn(m[2 * hc + i], scale[2]), base[2 * hc + i]);
   auto row_norm = [&](bool softmax) {
@@ -61,8 +64,29 @@ __global__ void hc_mix_dots_kernel(HcMixArgs a) {
     if (threadIdx.x == 0) part[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, static_cast<float>(k)), a.norm_eps)));
   } else {
     const float* w = a.fn + i * k;
-    const float d = dev::warp_gemm_dot([&](int64_t j) { return w[j]; }, [&](int64_t j) { return h[j]; }, k);
-    if (threadIdx.x == 32) part[1] = d;
+    if (a.k_parts > 0) {
+      // hc_gemm_dot (src/model/ops/mhc.cpp): lane p runs part p's fma chain, lane 0 adds them in order.
+      const int lane = threadIdx.x & 31;
+      const int64_t units = (k + 63) / 64, base = units / a.k_parts, extra = units % a.k_parts;
+      int64_t k0 = (lane * base + (lane < extra ? lane : extra)) * 64;
+      k0 = k0 < k ? k0 : k;
+      int64_t k1 = k0 + (base + (lane < extra ? 1 : 0)) * 64;
+      k1 = k1 < k ? k1 : k;
+      float acc = 0.0f;
+      if (lane < a.k_parts)
+        for (int64_t j = k0; j < k1; ++j) acc = fmaf(w[j], h[j], acc);
+      float total = 0.0f;
+      for (int p = 0; p < a.k_parts; ++p) {
+        const float v = __shfl_sync(dev::kFull, acc, p);
+        const int64_t ps = __shfl_sync(dev::kFull, k0, p);
+        if (ps >= k) break;  // the reference stops once K is covered
+        total = p == 0 ? v : __fadd_rn(total, v);
+      }
+      if (threadIdx.x == 32) part[1] = total;
+    } else {
+      const float d = dev::warp_gemm_dot([&](int64_t j) { return w[j]; }, [&](int64_t j) { return h[j]; }, k);
+      if (threadIdx.x == 32) part[1] = d;
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) a.mix[t * n_mix + i] = __fmul_rn(part[1], part[0]);
@@ -76,7 +100,12 @@ __global__ void hc_split_kernel(HcMixArgs a) {
   const int64_t n_mix = (2 + a.hc) * a.hc;
   float m[(2 + kMaxHc) * kMaxHc], out[(2 + kMaxHc) * kMaxHc];
   for (int64_t i = 0; i < n_mix; ++i) m[i] = a.mix[t * n_mix + i];
-  split_sinkhorn(m, hc, a.base, a.scale, a.iters, a.hc_eps, out);
+  int vec = hc;
+  if (a.rows_ref >= 0) {
+    const int64_t v = (a.rows_ref * a.hc) / 16 * 16 - (a.t_ref0 + t) * a.hc;
+    vec = static_cast<int>(v < 0 ? 0 : (v > a.hc ? a.hc : v));
+  }
+  split_sinkhorn(m, hc, a.base, a.scale, a.iters, a.hc_eps, vec, out);
   for (int64_t i = 0; i < n_mix; ++i) a.mix[t * n_mix + i] = out[i];
 }
 

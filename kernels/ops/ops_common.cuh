@@ -29,6 +29,38 @@ __device__ __forceinline__ float exp_ref(float x) { return static_cast<float>(ex
 __device__ __forceinline__ float log1p_ref(float x) { return static_cast<float>(log1p(static_cast<double>(x))); }
 __device__ __forceinline__ float sigmoid_ref(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_ref(-x))); }
 
+// PyTorch's vectorised float exp (SLEEF expf u10), bit-identical to src/model/ops/vec_math.cpp
+// torch_vec_exp_f32: q = rint(x/ln2), two-part ln2 reduction, degree-5 polynomial in fmas, 2^q in
+// two steps.
+__device__ __forceinline__ float torch_vec_exp(float x) {
+  if (isnan(x)) return x;
+  if (x < -104.0f) return 0.0f;
+  if (x > 100.0f) return INFINITY;
+  const float kInvLn2 = 1.442695040888963407359924681001892137426645954152985934135449406931f;
+  const float kLn2Hi = 0.693145751953125f;
+  const float kLn2Lo = 1.428606765330187045e-06f;
+  const int q = __float2int_rn(__fmul_rn(x, kInvLn2));
+  const float qf = static_cast<float>(q);
+  float s = fmaf(qf, -kLn2Hi, x);
+  s = fmaf(qf, -kLn2Lo, s);
+  float p = 0.000198527617612853646278381f;
+  p = fmaf(p, s, 0.00139304355252534151077271f);
+  p = fmaf(p, s, 0.00833336077630519866943359f);
+  p = fmaf(p, s, 0.0416664853692054748535156f);
+  p = fmaf(p, s, 0.166666671633720397949219f);
+  p = fmaf(p, s, 0.5f);
+  const float u = __fadd_rn(1.0f, fmaf(__fmul_rn(s, s), p, s));
+  const int half = q >> 1;
+  const float a = __uint_as_float(static_cast<uint32_t>(half + 127) << 23);
+  const float b = __uint_as_float(static_cast<uint32_t>(q - half + 127) << 23);
+  return __fmul_rn(__fmul_rn(u, a), b);
+}
+// torch.sigmoid on one element: vector body (vectorised exp) or scalar tail (libm exp).
+__device__ __forceinline__ float torch_sigmoid(float x, bool vector_path) {
+  const float e = vector_path ? torch_vec_exp(-x) : exp_ref(-x);
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, e));
+}
+
 // Nearest e4m3fn value (ties to even), saturating at ±448; NaN stays NaN (numeric.h e4m3_round).
 __device__ __forceinline__ float e4m3_round(float x) {
   if (isnan(x)) return x;

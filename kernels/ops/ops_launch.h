@@ -109,6 +109,15 @@ struct HcMixArgs {
   int64_t iters = 0;
   float hc_eps = 0.0f, norm_eps = 0.0f;
   float* mix = nullptr;  // [n][(2+hc)*hc]
+  // torch.sigmoid's path per pre/post element (src/model/ops/mhc.h HcMixArithmetic): token t is row
+  // t_ref0 + t of a reference call over rows_ref tokens; its first clamp(floor(rows_ref*hc/16)*16 -
+  // (t_ref0+t)*hc, 0, hc) elements take the vectorised exp, the rest libm's. rows_ref < 0: every
+  // element vectorised (the CPU's hc_mix without an arithmetic argument).
+  int64_t t_ref0 = 0, rows_ref = -1;
+  // K partition of the mixes GEMM (HcMixArithmetic::k_parts): 0 = fma chains of 256 added in K
+  // order; P in 1..32 = P parts of whole 64-element units (the first K/64 mod P one unit longer),
+  // each one fma chain, added in order.
+  int64_t k_parts = 0;
 };
 struct HcCollapseArgs {
   const float* h = nullptr;  // [n][hc][dim]

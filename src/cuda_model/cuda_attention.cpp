@@ -10,9 +10,40 @@
 #include <cmath>
 
 #include "dsv41/common/error.h"
+#include "dsv41/common/parallel.h"
+#include "model/ops/topk.h"
 
 namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
+namespace {
+
+// The k selected entries of the reference's topk, sorted by index (attention.cpp topk_sorted).
+std::vector<int32_t> topk_sorted(const std::vector<float>& s, int64_t k) {
+  std::vector<int32_t> idx = torch_topk_indices(s, k);
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+// Level-1 candidate blocks of one query (attention.cpp candidate_mask, the reference's
+// select_candidate_blocks): block maxima, the block of the last visible entry pinned, top blocks.
+std::vector<uint8_t> candidate_mask(const std::vector<float>& scores, int64_t n_vis, int64_t topk_blocks,
+                                    int64_t block_size) {
+  const int64_t width = static_cast<int64_t>(scores.size());
+  const int64_t nb = (width + block_size - 1) / block_size;
+  std::vector<float> bs(static_cast<size_t>(nb), -INFINITY);
+  for (int64_t u = 0; u < width; ++u) bs[u / block_size] = std::max(bs[u / block_size], scores[u]);
+  const int64_t last = n_vis > 0 ? (n_vis - 1) / block_size : -1;
+  if (last >= 0 && last < nb) bs[last] = INFINITY;
+  const std::vector<int32_t> top = topk_sorted(bs, std::min(topk_blocks, nb));
+  std::vector<uint8_t> keep_block(static_cast<size_t>(nb), 0);
+  for (int32_t b : top)
+    if (bs[b] > -INFINITY) keep_block[b] = 1;
+  std::vector<uint8_t> mask(static_cast<size_t>(width));
+  for (int64_t u = 0; u < width; ++u) mask[u] = keep_block[u / block_size];
+  return mask;
+}
+
+}  // namespace
 
 void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p) {
   const ModelConfig& c = cfg;
@@ -126,38 +157,39 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         ia.scores = sc.scores;
         gpu::indexer_scores(ia, stream);
 
+        // ---- candidate blocks and top-k on the host (PassShared: the CPU engine's tie order) ----
         const bool is_cand_src = L == c.candidate_source_layer_id;
         const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < L;
+        float* scores = scores_host.data();
+        gpu::check_cuda(cudaMemcpyAsync(scores, sc.scores, static_cast<size_t>(n * T) * 4, cudaMemcpyDeviceToHost,
+                                        stream),
+                        "index scores download");
+        gpu::check_cuda(cudaStreamSynchronize(stream), "index scores");
         if (is_cand_src) {
-          gpu::CandidateArgs ca;
-          ca.scores = sc.scores;
-          ca.n = n;
-          ca.T = T;
-          ca.start = start;
-          ca.ratio = ratio;
-          ca.topk_blocks = c.candidate_topk_blocks;
-          ca.block_size = c.candidate_block_size;
-          ca.block_scores = sc.block_scores;
-          ca.block_sel = sc.block_sel;
-          ca.keep = sc.keep;
-          gpu::candidate_blocks(ca, stream);
+          shared.candidates.assign(static_cast<size_t>(n), {});
           shared.has_candidates = true;
-          shared.cand_width = T;
-        } else if (uses_cand && shared.has_candidates) {
-          gpu::CandidateMaskArgs cm{sc.scores, sc.keep, n, T, shared.cand_width, c.candidate_block_size};
-          gpu::candidate_mask(cm, stream);
         }
         const int64_t k = std::min(c.index_topk, T);
-        gpu::TopkArgs ta;
-        ta.values = sc.scores;
-        ta.rows = n;
-        ta.n = T;
-        ta.stride = T;
-        ta.k = k;
-        ta.pos0 = start;
-        ta.ratio = ratio;
-        ta.out = sc.topk;
-        gpu::topk_sorted(ta, stream);
+        int32_t* sel_out = topk_host.data();
+        parallel_for(n, [&](int64_t t0, int64_t t1) {
+          std::vector<float> row(static_cast<size_t>(T));
+          for (int64_t t = t0; t < t1; ++t) {
+            std::copy_n(scores + t * T, T, row.begin());
+            const int64_t n_vis = (start + t + 1) / ratio;
+            if (is_cand_src) {
+              shared.candidates[static_cast<size_t>(t)] =
+                  candidate_mask(row, n_vis, c.candidate_topk_blocks, c.candidate_block_size);
+            } else if (uses_cand && shared.has_candidates && !shared.candidates[static_cast<size_t>(t)].empty()) {
+              const auto& m = shared.candidates[static_cast<size_t>(t)];
+              for (int64_t u = 0; u < T && u < static_cast<int64_t>(m.size()); ++u)
+                if (!m[static_cast<size_t>(u)]) row[static_cast<size_t>(u)] = -INFINITY;
+            }
+            std::vector<int32_t> sel = topk_sorted(row, k);
+            for (int64_t j = 0; j < k; ++j) sel_out[t * k + j] = sel[static_cast<size_t>(j)] >= n_vis ? -1 : sel[static_cast<size_t>(j)];
+          }
+        });
+        gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(n * k) * 4, cudaMemcpyHostToDevice, stream),
+                        "top-k upload");
         shared.topk_len = k;
       }
     }

@@ -157,6 +157,11 @@ void Impl::block_forward(const GpuBlock& b, CudaSeqState& st, PassShared& shared
     a.hc_eps = static_cast<float>(c.hc_eps);
     a.norm_eps = eps;
     a.mix = out;
+    // The reference call these rows belong to decides the sigmoid path (block.cpp): a decode
+    // step's single row, or the one-shot prefill of the whole prompt.
+    a.t_ref0 = p.decode ? 0 : p.start;
+    a.rows_ref = p.decode ? 1 : p.layout_end;
+    a.k_parts = p.decode ? 0 : opts.mix_gemm_k_parts;
     gpu::hc_mix(a, stream);
   };
   auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm) {

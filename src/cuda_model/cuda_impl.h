@@ -91,9 +91,8 @@ struct Scratch {
   uint8_t* codes = nullptr;
   float* act_scales = nullptr;
   float *c_a = nullptr, *c_g = nullptr, *c_latent = nullptr, *c_work = nullptr;
-  float *qi = nullptr, *iw = nullptr, *scores = nullptr, *block_scores = nullptr;
-  int32_t *topk = nullptr, *block_sel = nullptr, *list = nullptr;
-  uint8_t* keep = nullptr;
+  float *qi = nullptr, *iw = nullptr, *scores = nullptr;
+  int32_t *topk = nullptr, *list = nullptr;
   const uint16_t** pool_a = nullptr;
   const uint16_t** pool_b = nullptr;
   int32_t *ids = nullptr, *tokens = nullptr, *slots = nullptr;
@@ -105,10 +104,13 @@ struct Scratch {
 };
 
 // Carries the index sources' outputs down the stack within one pass (ChunkShared of the CPU engine).
+// The top-k selections run on the host over the device's scores: their tie order is that of the
+// CPU engine's torch_topk_indices (std::partial_sort / nth_element), which frequent exact ties
+// (relu'd bf16 index scores) make visible; the GPU top-k kernel breaks ties by lowest index.
 struct PassShared {
   int64_t topk_len = -1;  // -1: no index source has run in this pass
   bool has_candidates = false;
-  int64_t cand_width = 0;
+  std::vector<std::vector<uint8_t>> candidates;  // [query] -> mask over the candidate source's entries
 };
 
 // Geometry of one pass: tokens [start, start+n) of a chunk whose layout ends at layout_end.
@@ -135,6 +137,8 @@ struct Impl {
   Scratch sc;
   cudaStream_t stream = nullptr;
   std::vector<uint8_t> engram_host;  // staging of raw Engram rows for one pass
+  std::vector<float> scores_host;    // index scores of one pass [n][T]
+  std::vector<int32_t> topk_host;    // selections of one pass [n][k]
 
   ~Impl();
   // ---- loading (src/cuda_model/cuda_load.cpp) ----

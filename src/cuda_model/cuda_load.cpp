@@ -300,7 +300,6 @@ void Impl::alloc_scratch() {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     if (c.ratio(l) > 0 && (min_ratio == 0 || c.ratio(l) < min_ratio)) min_ratio = c.ratio(l);
   const int64_t t_max = min_ratio > 0 ? std::max<int64_t>(1, max_context / min_ratio) : 1;
-  const int64_t bs = std::max<int64_t>(1, c.candidate_block_size), nb = (t_max + bs - 1) / bs;
   const int64_t tk = std::max<int64_t>(1, c.index_topk);
   const int64_t max_in = std::max({dim, qlr, GR, inter, edim, H * hd, hd});
   const int64_t code_bytes = std::max(m * max_in, m * K * inter);
@@ -337,11 +336,8 @@ void Impl::alloc_scratch() {
       {reinterpret_cast<void**>(&s.qi), m * IH * ihd * f},
       {reinterpret_cast<void**>(&s.iw), m * IH * f},
       {reinterpret_cast<void**>(&s.scores), m * t_max * f},
-      {reinterpret_cast<void**>(&s.block_scores), m * nb * f},
       {reinterpret_cast<void**>(&s.topk), m * tk * 4},
-      {reinterpret_cast<void**>(&s.block_sel), m * nb * 4},
       {reinterpret_cast<void**>(&s.list), m * (win + tk) * 4},
-      {reinterpret_cast<void**>(&s.keep), m * nb},
       {reinterpret_cast<void**>(&s.pool_a), m * 8},
       {reinterpret_cast<void**>(&s.pool_b), m * 8},
       {reinterpret_cast<void**>(&s.ids), m * K * 4},
@@ -377,6 +373,8 @@ void Impl::alloc_scratch() {
     ops::gpu::check_cuda(cudaMemcpy(s.slots, iota.data(), iota.size() * 4, cudaMemcpyHostToDevice), "slots upload");
     engram_host.resize(static_cast<size_t>(engram_raw));
   }
+  scores_host.resize(static_cast<size_t>(m * t_max));
+  topk_host.resize(static_cast<size_t>(m * tk));
 }
 
 }  // namespace dsv41::model::cuda

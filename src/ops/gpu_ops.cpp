@@ -80,6 +80,7 @@ void hc_mix(const HcMixArgs& a, cudaStream_t s) {
   DSV_CHECK(a.hc >= 1 && a.hc <= 16 && a.dim > 0 && a.n >= 0 && a.iters >= 1, "hc_mix: hc={} (1..16) dim={} iters={}",
             a.hc, a.dim, a.iters);
   DSV_CHECK(a.n == 0 || (a.h && a.fn && a.base && a.scale && a.mix), "hc_mix: all pointers must be set");
+  DSV_CHECK(a.k_parts >= 0 && a.k_parts <= 32, "hc_mix: k_parts={} outside 0..32", a.k_parts);
   launched(raw::hc_mix(a, s), "hc_mix launch");
 }
 
@@ -187,8 +188,11 @@ void attn_lists(const AttnListArgs& a, cudaStream_t s) {
   DSV_CHECK(a.n >= 0 && a.win >= 1 && a.win_len >= 0 && a.topk_len >= 0 && a.start >= 0 && a.pos_base >= 0,
             "attn_lists: n={} win={} win_len={} topk_len={} start={}", a.n, a.win, a.win_len, a.topk_len, a.start);
   DSV_CHECK(!a.decode || a.win_len == a.win, "attn_lists: a decode list holds all {} ring slots, not {}", a.win, a.win_len);
-  DSV_CHECK(a.split >= a.win_len && a.split + a.n_entries < (int64_t{1} << 31), "attn_lists: split={} below win_len={}",
-            a.split, a.win_len);
+  // Window entries index pool_a: a decode list holds every ring slot (< win); a prefill list the
+  // staged positions up to the chunk end (< start + n - pos_base), whatever win_len is.
+  const int64_t win_rows = a.decode ? a.win_len : a.start + a.n - a.pos_base;
+  DSV_CHECK(a.split >= win_rows && a.split + a.n_entries < (int64_t{1} << 31),
+            "attn_lists: split={} below the {} window rows the list can name", a.split, win_rows);
   DSV_CHECK(a.n == 0 || (a.list && (a.topk_len == 0 || a.topk)), "attn_lists: list and topk must be device pointers");
   launched(raw::attn_lists(a, s), "attn_lists launch");
 }

@@ -61,14 +61,17 @@ void expect_same_run(const test::Run& gpu, const test::Run& cpu, int64_t V, cons
 // CPU and CUDA on one checkpoint folder, for each chunk size.
 void compare_engines(const std::string& model_dir, const std::string& token_map, const std::vector<int32_t>& prompt,
                      int64_t decode, const std::vector<int64_t>& chunks, int64_t pass_tokens, const std::string& name,
-                     bool corrected = false) {
+                     bool corrected = false, int64_t mix_parts = 0) {
   model::CpuModelOptions co;
   co.engram_token_map = token_map;
   co.corrected_index_keys = corrected;
+  co.mix_gemm_k_parts = mix_parts;
   co.dspark = false;
   auto cpu = model::CpuModel::load(model_dir, co);
   const int64_t context = static_cast<int64_t>(prompt.size()) + decode;
-  auto gpu = model::CudaModel::load(model_dir, cuda_opts(token_map, context, pass_tokens, corrected));
+  model::CudaModelOptions go = cuda_opts(token_map, context, pass_tokens, corrected);
+  go.mix_gemm_k_parts = mix_parts;
+  auto gpu = model::CudaModel::load(model_dir, go);
   const int64_t V = cpu->config().vocab_size;
   for (int64_t chunk : chunks) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -103,6 +106,8 @@ TEST(GpuModelParity, TinyLongFixtureMatchesCpu) {
   std::memcpy(prompt.data(), p.data, prompt.size() * 4);
   // Passes of 48 tokens split every chunk of 64 and the one-shot prompt into several passes.
   compare_engines(dir + "/model", dir + "/engram_token_map.safetensors", prompt, 40, {0, 64}, 48, "tiny-long");
+  compare_engines(dir + "/model", dir + "/engram_token_map.safetensors", prompt, 8, {0}, 256, "tiny-long k_parts 3",
+                  false, 3);
 }
 
 // The corrected decode reading (every indexer scores its own KV source's keys) matches the CPU too.

@@ -227,5 +227,60 @@ TEST(GpuOps, HcMixCollapseExpand) {
   }
 }
 
+// The pre/post sigmoids follow the reference call's vector body / scalar tail split per token
+// (src/model/ops/mhc.h HcMixArithmetic): a prefill chunk of the rows of a longer call, a decode
+// row, and the default (all vectorised); with the mixes GEMM in parts of 256 and in P parts of
+// 64-element units (HcMixArithmetic::k_parts). Bit-exact against the CPU engine.
+TEST(GpuOps, HcMixSigmoidPathsExact) {
+  for (const Shapes& s : shape_sets()) {
+    const ModelConfig& c = s.cfg;
+    const int64_t hc = c.hc_mult, dim = c.hidden_size, k = hc * dim, n_mix = (2 + hc) * hc, n = 9;
+    Rng rng(91);
+    const std::vector<float> h = rng.bf16_vec(static_cast<size_t>(n * k), 1.0f);
+    const std::vector<float> fn = rng.f32_vec(static_cast<size_t>(n_mix * k), 2.0f / std::sqrt(static_cast<float>(k)));
+    const std::vector<float> base = rng.f32_vec(static_cast<size_t>(n_mix), 1.0f), scale = rng.f32_vec(3, 1.0f);
+    Guarded dh = Guarded::from(h), dfn = Guarded::from(fn), dbase = Guarded::from(base), dscale = Guarded::from(scale);
+    const struct {
+      int64_t t_ref0, rows_ref, k_parts;
+    } calls[] = {{0, 9, 0}, {5, 13, 0}, {0, 1, 0}, {0, -1, 0}, {2, 40, 0}, {290, 300, 3}, {0, 9, 5}, {4, 9, 1}};
+    for (const auto& call : calls) {
+      const std::string what = s.name + " mix t_ref0=" + std::to_string(call.t_ref0) + " rows_ref=" +
+                               std::to_string(call.rows_ref) + " k_parts=" + std::to_string(call.k_parts);
+      std::vector<float> want(static_cast<size_t>(n * n_mix));
+      for (int64_t t = 0; t < n; ++t) {
+        model::HcMix m;
+        const model::HcMixArithmetic ar = call.rows_ref < 0
+                                              ? model::HcMixArithmetic{hc, call.k_parts}
+                                              : model::hc_mix_arithmetic(hc, call.t_ref0 + t, call.rows_ref, call.k_parts);
+        model::hc_mix(&h[t * k], hc, dim, fn.data(), base.data(), scale.data(), c.hc_sinkhorn_iters, c.hc_eps,
+                      c.rms_norm_eps, ar, m);
+        std::copy_n(m.pre, hc, &want[t * n_mix]);
+        std::copy_n(m.post, hc, &want[t * n_mix + hc]);
+        std::copy_n(m.comb, hc * hc, &want[t * n_mix + 2 * hc]);
+      }
+      Guarded dmix(want.size() * 4);
+      gpu::HcMixArgs ma;
+      ma.h = dh.as<float>();
+      ma.n = n;
+      ma.hc = hc;
+      ma.dim = dim;
+      ma.fn = dfn.as<float>();
+      ma.base = dbase.as<float>();
+      ma.scale = dscale.as<float>();
+      ma.iters = c.hc_sinkhorn_iters;
+      ma.hc_eps = static_cast<float>(c.hc_eps);
+      ma.norm_eps = static_cast<float>(c.rms_norm_eps);
+      ma.mix = dmix.as<float>();
+      ma.t_ref0 = call.t_ref0;
+      ma.rows_ref = call.rows_ref;
+      ma.k_parts = call.k_parts;
+      gpu::hc_mix(ma, nullptr);
+      sync_ok();
+      expect_equal(what, dmix.host<float>(), want);
+      expect_guards(what, dmix);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsv41::test

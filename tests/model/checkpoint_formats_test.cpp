@@ -42,6 +42,8 @@ struct Variant {
   std::string fixture;  // config source: tests/fixtures/<fixture>/model/config.json
   std::string args;     // mkmodel format arguments
   uint64_t seed;
+  // gtest prints a parameter in test listings (ctest names); the label says it all.
+  friend void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 };
 
 std::string token_map(const Variant& v) { return kFixtures + "/" + v.fixture + "/engram_token_map.safetensors"; }

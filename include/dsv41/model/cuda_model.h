@@ -11,7 +11,11 @@
 //    so results do not depend on the pass size.
 //  - Chunking follows CpuModel: a one-token step at or beyond SeqState::prompt_len is a decode step
 //    (ring-order window list, the decode-time index-key alias unless corrected_index_keys).
-// Not covered yet: EXL3 checkpoints, DSpark drafting, tensor parallelism, pooled sequence state.
+//  - The indexer's candidate-block and top-k selections run on the host over the device's scores
+//    (one download per index layer and pass): the CPU engine's tie order among exactly equal
+//    scores (torch_topk_indices) decides which entries are attended.
+// Not covered yet: EXL3 checkpoints, DSpark drafting, tensor parallelism, pooled sequence state
+// (the server's state pool), CUDA graphs / batched decode.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -31,6 +35,7 @@ struct CudaModelOptions {
   engram::EngramStorageOptions engram_storage;
   std::shared_ptr<engram::EngramStore> engram_store;
   bool corrected_index_keys = false;  // see CpuModelOptions
+  int64_t mix_gemm_k_parts = 0;       // see CpuModelOptions (prefill mixes GEMM K partition, 0..32)
   int device = 0;                     // CUDA device ordinal
   // Context tokens a sequence state holds; 0 = min(max_position_embeddings, 32768).
   int64_t max_context = 0;

@@ -175,7 +175,7 @@ int write_logits(M& model, const LogitsOptions& o, const std::vector<int32_t>& p
 
 Command add_logits(CLI::App& root) {
   auto o = std::make_shared<LogitsOptions>();
-  CLI::App* app = root.add_subcommand("logits", "Run the CPU reference forward pass and write logits (golden format)");
+  CLI::App* app = root.add_subcommand("logits", "Run the forward pass (CPU reference, CUDA, or tensor-parallel) and write logits (golden format)");
   add_model_load_options(app, o->load);
   add_tp_options(app, o->tp);
   app->add_option("--prompt-ids", o->prompt_ids, "JSON file with an array of token ids")->required();

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "../engram/split_fixture.h"
 #include "../serve/http_client.h"
 #include "../serve/test_tokenizer.h"
 #include "dsv41/loader/safetensors.h"
@@ -110,8 +111,10 @@ std::vector<std::string> worker_args(const Fixture& f, const std::string& model,
 
 // Runs `logits` at TP 1 and at TP 2 (a worker process started first) and compares every tensor.
 // model_dir: another checkpoint with the fixture's config (default: the fixture's own).
+// worker_extra: flags every worker gets too (e.g. where the Engram rows are).
 void expect_tp2_equals_tp1(const std::string& name, const std::vector<std::string>& extra,
-                           const std::string& model_dir = {}, const std::string& label = {}, int world = 2) {
+                           const std::string& model_dir = {}, const std::string& label = {}, int world = 2,
+                           const std::vector<std::string>& worker_extra = {}) {
   Fixture f = fixture(name);
   if (!model_dir.empty()) f.model = model_dir;
   const fs::path dir = temp_dir() / (label.empty() ? name : label);
@@ -131,7 +134,9 @@ void expect_tp2_equals_tp1(const std::string& name, const std::vector<std::strin
   // The workers start first and retry until rank 0 listens.
   std::vector<pid_t> workers;
   for (int r = 1; r < world; ++r) {
-    workers.push_back(spawn(worker_args(f, f.model, port, r, world), dir / ("worker" + std::to_string(r) + ".log")));
+    auto wa = worker_args(f, f.model, port, r, world);
+    wa.insert(wa.end(), worker_extra.begin(), worker_extra.end());
+    workers.push_back(spawn(wa, dir / ("worker" + std::to_string(r) + ".log")));
     ASSERT_GT(workers.back(), 0);
   }
   const pid_t head = spawn(two, dir / "tp2.log");
@@ -190,6 +195,25 @@ TEST(TensorParallelLogits, TwoRanksEqualOneRankOnExl3Checkpoints) {
     ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(dir / "mk.log");
     expect_tp2_equals_tp1("tiny-s0", {"--dspark", "--prefill-chunk", "13"}, (dir / "model").string(), label);
   }
+}
+
+// Engram tables outside the checkpoint (issue: Engram storage): the tables moved into their own
+// shard folder (--engram-dir) and packed per rank (--engram-packed) give, at TP 2, exactly the
+// TP 1 result; test_engram shows TP 1 from those sources equals the in-memory tables.
+TEST(TensorParallelLogits, TwoRanksReadEngramRowsFromShardsAndPackedFiles) {
+  engram::test::TempDir tmp;
+  const auto m = engram::test::make_split_model(tmp.path());
+  const std::string packed = tmp.sub("packed");
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string cmd = std::string(DSV41_BINARY) + " pack-engram --model " + m.main_dir + " --engram-dir " +
+                            m.engram_dir + " --out " + packed + " --rank " + std::to_string(rank) +
+                            " --world-size 2 --no-progress > " + tmp.sub("pack.log") + " 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(tmp.sub("pack.log"));
+  }
+  const std::vector<std::string> from_dir = {"--engram-dir", m.engram_dir};
+  expect_tp2_equals_tp1("tiny-s0", from_dir, m.main_dir, "engram-dir", 2, from_dir);
+  const std::vector<std::string> from_pack = {"--engram-packed", packed};
+  expect_tp2_equals_tp1("tiny-s0", from_pack, m.main_dir, "engram-packed", 2, from_pack);
 }
 
 TEST(TensorParallelHandshake, MismatchedConfigOrCheckpointIsRefused) {

@@ -15,35 +15,6 @@
 
 namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
-namespace {
-
-// The k selected entries of the reference's topk, sorted by index (attention.cpp topk_sorted).
-std::vector<int32_t> topk_sorted(const std::vector<float>& s, int64_t k) {
-  std::vector<int32_t> idx = torch_topk_indices(s, k);
-  std::sort(idx.begin(), idx.end());
-  return idx;
-}
-
-// Level-1 candidate blocks of one query (attention.cpp candidate_mask, the reference's
-// select_candidate_blocks): block maxima, the block of the last visible entry pinned, top blocks.
-std::vector<uint8_t> candidate_mask(const std::vector<float>& scores, int64_t n_vis, int64_t topk_blocks,
-                                    int64_t block_size) {
-  const int64_t width = static_cast<int64_t>(scores.size());
-  const int64_t nb = (width + block_size - 1) / block_size;
-  std::vector<float> bs(static_cast<size_t>(nb), -INFINITY);
-  for (int64_t u = 0; u < width; ++u) bs[u / block_size] = std::max(bs[u / block_size], scores[u]);
-  const int64_t last = n_vis > 0 ? (n_vis - 1) / block_size : -1;
-  if (last >= 0 && last < nb) bs[last] = INFINITY;
-  const std::vector<int32_t> top = topk_sorted(bs, std::min(topk_blocks, nb));
-  std::vector<uint8_t> keep_block(static_cast<size_t>(nb), 0);
-  for (int32_t b : top)
-    if (bs[b] > -INFINITY) keep_block[b] = 1;
-  std::vector<uint8_t> mask(static_cast<size_t>(width));
-  for (int64_t u = 0; u < width; ++u) mask[u] = keep_block[u / block_size];
-  return mask;
-}
-
-}  // namespace
 
 void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p) {
   const ModelConfig& c = cfg;

@@ -262,23 +262,7 @@ void Impl::load(const std::string& dir) {
               "engram store geometry '{}' does not match this config ('{}')", engram_store->geometry().fingerprint(),
               engram::EngramGeometry::from_config(c).fingerprint());
     engram_row_bytes = engram_store->geometry().row_bytes;
-    DSV_CHECK(!opts.engram_token_map.empty(),
-              "this model has Engram layers: pass the token map with --engram-token-map FILE");
-    auto f = SafetensorsFile::open(opts.engram_token_map);
-    const TensorInfo* t = f->find("token_map");
-    DSV_CHECK(t != nullptr, "{}: no tensor named token_map", opts.engram_token_map);
-    DSV_CHECK(t->dtype == DType::I32 && t->shape == std::vector<int64_t>({c.vocab_size}),
-              "{}: token_map must be I32 [{}], got {} {}", opts.engram_token_map, c.vocab_size, dtype_name(t->dtype),
-              t->shape_str());
-    token_map.resize(static_cast<size_t>(c.vocab_size));
-    std::memcpy(token_map.data(), t->data, token_map.size() * 4);
-    for (int32_t v : token_map)
-      DSV_CHECK(v >= 0 && v < c.engram_compressed_vocab_size,
-                "{}: token_map value {} outside [0, engram_compressed_vocab_size={})", opts.engram_token_map, v,
-                c.engram_compressed_vocab_size);
-    DSV_CHECK(c.engram_pad_token_id >= 0 && c.engram_pad_token_id < c.vocab_size,
-              "config: engram_pad_token_id {} out of range", c.engram_pad_token_id);
-    engram_pad = token_map[static_cast<size_t>(c.engram_pad_token_id)];
+    token_map = load_engram_token_map(opts.engram_token_map, c, &engram_pad);
   }
   alloc_scratch();
   // Weight uploads ran on the legacy stream, which the model's non-blocking stream does not wait for.

@@ -1,9 +1,11 @@
 #include "model/engram_hash.h"
 
+#include <cstring>
 #include <limits>
 #include <set>
 
 #include "dsv41/common/error.h"
+#include "dsv41/loader/safetensors.h"
 
 namespace dsv41::model {
 namespace {
@@ -197,6 +199,25 @@ void engram_hash_ids(const EngramLayerHash& h, const ModelConfig& c, const int64
       out_rows[col] = h.offsets[col] + rolling % h.primes[col];
     }
   }
+}
+
+std::vector<int32_t> load_engram_token_map(const std::string& path, const ModelConfig& c, int64_t* pad) {
+  DSV_CHECK(!path.empty(), "this model has Engram layers: pass the token map with --engram-token-map FILE");
+  auto f = SafetensorsFile::open(path);
+  const TensorInfo* t = f->find("token_map");
+  DSV_CHECK(t != nullptr, "{}: no tensor named token_map", path);
+  DSV_CHECK(t->dtype == DType::I32 && t->shape == std::vector<int64_t>({c.vocab_size}),
+            "{}: token_map must be I32 [{}], got {} {}", path, c.vocab_size, dtype_name(t->dtype), t->shape_str());
+  std::vector<int32_t> map(static_cast<size_t>(c.vocab_size));
+  std::memcpy(map.data(), t->data, map.size() * 4);
+  for (int32_t v : map)
+    DSV_CHECK(v >= 0 && v < c.engram_compressed_vocab_size,
+              "{}: token_map value {} outside [0, engram_compressed_vocab_size={})", path, v,
+              c.engram_compressed_vocab_size);
+  DSV_CHECK(c.engram_pad_token_id >= 0 && c.engram_pad_token_id < c.vocab_size,
+            "config: engram_pad_token_id {} out of range", c.engram_pad_token_id);
+  *pad = map[static_cast<size_t>(c.engram_pad_token_id)];
+  return map;
 }
 
 }  // namespace dsv41::model

@@ -7,6 +7,7 @@
 // pool hashing), PCG64 (128-bit LCG with the XSL-RR output) and Lemire's bounded integers.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dsv41/config/model_config.h"
@@ -47,5 +48,10 @@ std::vector<EngramLayerHash> build_engram_hashes(const ModelConfig& c);
 // not exist (before the sequence start) or is dead; `pad` is the compressed id of the pad token.
 void engram_hash_ids(const EngramLayerHash& h, const ModelConfig& c, const int64_t* history, int64_t pad,
                      int64_t* out_rows);
+
+// The Engram token map (`--engram-token-map`: a safetensors file with an I32 [vocab_size]
+// `token_map`), every value checked against the config. *pad receives the compressed id of
+// engram_pad_token_id (the id hashed in place of tokens before the sequence start).
+std::vector<int32_t> load_engram_token_map(const std::string& path, const ModelConfig& c, int64_t* pad);
 
 }  // namespace dsv41::model

@@ -13,4 +13,14 @@ namespace dsv41::model {
 // Indices of the k selected entries (in the order the algorithm leaves them; sort if needed).
 std::vector<int32_t> torch_topk_indices(const std::vector<float>& values, int64_t k);
 
+// The k selected entries, sorted by index (the indexer's top-k over visible entries).
+std::vector<int32_t> topk_sorted(const std::vector<float>& values, int64_t k);
+
+// Level-1 candidate blocks of one query (the reference's select_candidate_blocks): per-block maxima
+// of `scores`, the block of the last visible entry (n_vis - 1) pinned, the top `topk_blocks`
+// blocks kept; returns one 0/1 per score entry. Shared by the CPU and CUDA engines so both pick
+// exactly the same blocks.
+std::vector<uint8_t> candidate_mask(const std::vector<float>& scores, int64_t n_vis, int64_t topk_blocks,
+                                    int64_t block_size);
+
 }  // namespace dsv41::model

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "../engram/split_fixture.h"
+#include "../support/process.h"
 #include "../serve/http_client.h"
 #include "../serve/test_tokenizer.h"
 #include "dsv41/loader/safetensors.h"
@@ -35,42 +36,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using dsv41::test::free_port;
+using dsv41::test::spawn_binary;
 const std::string kFix = DSV41_FIXTURES_DIR;
 
 fs::path temp_dir() {
   auto d = fs::temp_directory_path() / ("dsv41_tp_" + std::to_string(::getpid()));
   fs::create_directories(d);
   return d;
-}
-
-// A port nothing listens on right now (bind 0, read, release).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// Starts the binary with stdout/stderr to `log` (stdout to `out` when given); returns the pid.
-pid_t spawn(std::vector<std::string> args, const fs::path& log, const fs::path& out = {}) {
-  args.insert(args.begin(), DSV41_BINARY);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (out.empty()) posix_spawn_file_actions_adddup2(&fa, 2, 1);
-  else posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? pid : -1;
 }
 
 // Waits up to timeout for the process; returns its exit code (-1: killed/timeout, then killed).
@@ -136,15 +109,15 @@ void expect_tp2_equals_tp1(const std::string& name, const std::vector<std::strin
   for (int r = 1; r < world; ++r) {
     auto wa = worker_args(f, f.model, port, r, world);
     wa.insert(wa.end(), worker_extra.begin(), worker_extra.end());
-    workers.push_back(spawn(wa, dir / ("worker" + std::to_string(r) + ".log")));
+    workers.push_back(spawn_binary(wa, dir / ("worker" + std::to_string(r) + ".log")));
     ASSERT_GT(workers.back(), 0);
   }
-  const pid_t head = spawn(two, dir / "tp2.log");
+  const pid_t head = spawn_binary(two, dir / "tp2.log");
   ASSERT_EQ(wait_exit(head, 120s), 0) << slurp(dir / "tp2.log");
   for (int r = 1; r < world; ++r)
     EXPECT_EQ(wait_exit(workers[r - 1], 10s), 0) << "a worker exits when the tool is done\n"
                                                  << slurp(dir / ("worker" + std::to_string(r) + ".log"));
-  ASSERT_EQ(wait_exit(spawn(one, dir / "tp1.log"), 120s), 0) << slurp(dir / "tp1.log");
+  ASSERT_EQ(wait_exit(spawn_binary(one, dir / "tp1.log"), 120s), 0) << slurp(dir / "tp1.log");
 
   auto a = SafetensorsFile::open((dir / "tp1.safetensors").string());
   auto b = SafetensorsFile::open((dir / "tp2.safetensors").string());
@@ -242,17 +215,17 @@ TEST(TensorParallelHandshake, MismatchedConfigOrCheckpointIsRefused) {
     std::ofstream(dir / "prompt.json") << "[1, 2, 3]";
   }
   const int port = free_port();
-  const pid_t head = spawn({"logits", "--model", f.model, "--engram-token-map", f.map, "--prompt-ids",
+  const pid_t head = spawn_binary({"logits", "--model", f.model, "--engram-token-map", f.map, "--prompt-ids",
                             (dir / "prompt.json").string(), "--decode", "1", "--out", (dir / "o.safetensors").string(),
                             "--world-size", "2", "--master-port", std::to_string(port)},
                            dir / "head.log");
   ASSERT_GT(head, 0);
-  EXPECT_EQ(wait_exit(spawn(worker_args(f, (dir / "cfg").string(), port), dir / "w_cfg.log"), 30s), 1);
+  EXPECT_EQ(wait_exit(spawn_binary(worker_args(f, (dir / "cfg").string(), port), dir / "w_cfg.log"), 30s), 1);
   EXPECT_NE(slurp(dir / "w_cfg.log").find("config hash"), std::string::npos) << slurp(dir / "w_cfg.log");
-  EXPECT_EQ(wait_exit(spawn(worker_args(f, (dir / "ckpt").string(), port), dir / "w_ck.log"), 30s), 1);
+  EXPECT_EQ(wait_exit(spawn_binary(worker_args(f, (dir / "ckpt").string(), port), dir / "w_ck.log"), 30s), 1);
   EXPECT_NE(slurp(dir / "w_ck.log").find("checkpoint hash"), std::string::npos) << slurp(dir / "w_ck.log");
   // The head refused both and still waits: a matching worker completes the run.
-  const pid_t good = spawn(worker_args(f, f.model, port), dir / "w_ok.log");
+  const pid_t good = spawn_binary(worker_args(f, f.model, port), dir / "w_ok.log");
   EXPECT_EQ(wait_exit(head, 60s), 0) << slurp(dir / "head.log");
   EXPECT_EQ(wait_exit(good, 10s), 0) << slurp(dir / "w_ok.log");
   EXPECT_NE(slurp(dir / "head.log").find("refused worker"), std::string::npos);
@@ -270,12 +243,12 @@ TEST(TensorParallelGenerate, SpeculativeGenerationEqualsOneRank) {
   const std::vector<std::string> base = {"generate", "--model", f.model, "--engram-token-map", f.map, "--prompt-ids",
                                          (dir / "prompt.json").string(), "--max-tokens", "16", "--spec-method",
                                          "dspark"};
-  ASSERT_EQ(wait_exit(spawn(base, dir / "g1.log", dir / "g1.json"), 60s), 0) << slurp(dir / "g1.log");
+  ASSERT_EQ(wait_exit(spawn_binary(base, dir / "g1.log", dir / "g1.json"), 60s), 0) << slurp(dir / "g1.log");
   const int port = free_port();
   auto two = base;
   two.insert(two.end(), {"--world-size", "2", "--master-port", std::to_string(port)});
-  const pid_t head = spawn(two, dir / "g2.log", dir / "g2.json");
-  const pid_t worker = spawn(worker_args(f, f.model, port), dir / "worker.log");
+  const pid_t head = spawn_binary(two, dir / "g2.log", dir / "g2.json");
+  const pid_t worker = spawn_binary(worker_args(f, f.model, port), dir / "worker.log");
   ASSERT_EQ(wait_exit(head, 60s), 0) << slurp(dir / "g2.log");
   EXPECT_EQ(wait_exit(worker, 10s), 0) << slurp(dir / "worker.log");
   const J a = J::parse(slurp(dir / "g1.json")), b = J::parse(slurp(dir / "g2.json"));

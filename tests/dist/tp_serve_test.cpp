@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "../serve/http_client.h"
+#include "../support/process.h"
 #include "../serve/test_tokenizer.h"
 
 extern char** environ;
@@ -29,6 +30,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+using dsv41::test::free_port;
+using dsv41::test::spawn_binary;
 const std::string kFix = DSV41_FIXTURES_DIR;
 const std::string kModel = kFix + "/tiny-s0/model";
 const std::string kMap = kFix + "/tiny-s0/engram_token_map.safetensors";
@@ -37,33 +40,6 @@ fs::path temp_dir() {
   auto d = fs::temp_directory_path() / ("dsv41_tpserve_" + std::to_string(::getpid()));
   fs::create_directories(d);
   return d;
-}
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-pid_t spawn(std::vector<std::string> args, const fs::path& log) {
-  args.insert(args.begin(), DSV41_BINARY);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? pid : -1;
 }
 
 void stop(pid_t pid) {
@@ -112,12 +88,12 @@ Server start_server(const fs::path& dir, const std::string& tok, int world, cons
                                    std::to_string(s.port), "--kv-cache-gib", "0.01", "--served-model-name", "tiny-s0",
                                    "--world-size", std::to_string(world), "--master-port",
                                    std::to_string(s.master_port)};
-  s.pid = spawn(args, dir / ("server_" + tag + ".log"));
+  s.pid = spawn_binary(args, dir / ("server_" + tag + ".log"));
   return s;
 }
 
 pid_t start_worker(const fs::path& dir, int master_port, const std::string& tag) {
-  return spawn({"--rank", "1", "--world-size", "2", "--model", kModel, "--master-addr", "127.0.0.1", "--master-port",
+  return spawn_binary({"--rank", "1", "--world-size", "2", "--model", kModel, "--master-addr", "127.0.0.1", "--master-port",
                 std::to_string(master_port), "--engram-token-map", kMap},
                dir / ("worker_" + tag + ".log"));
 }

@@ -14,6 +14,7 @@
 #include "dsv41/loader/safetensors.h"
 #include "dsv41/model/cpu_model.h"
 #include "http_client.h"
+#include "../support/process.h"
 #include "../support/run_cli.h"
 #include "sched/scheduler.h"
 #include "serve/api.h"
@@ -229,18 +230,6 @@ TEST(EndToEnd, TheBinaryServesAndStopsOnSigterm) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 TEST(EndToEnd, TheBinaryRefusesToStartBelowTheMemoryMarginWithTheTable) {
   const auto dir = temp_dir();
   const std::string tok = (dir / "tokenizer.json").string();
@@ -248,7 +237,7 @@ TEST(EndToEnd, TheBinaryRefusesToStartBelowTheMemoryMarginWithTheTable) {
   const std::string err = (dir / "stderr.txt").string();
   // No machine has 1000 GiB to spare: the budget check must refuse before loading anything.
   const std::string cmd = std::string(DSV41_BINARY) + " --model " + kModel + " --tokenizer " + tok +
-                          " --engram-token-map " + kMap + " --port " + std::to_string(free_port()) +
+                          " --engram-token-map " + kMap + " --port " + std::to_string(dsv41::test::free_port()) +
                           " --memory-margin-gib 1000 2> " + err;
   const int st = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(st));

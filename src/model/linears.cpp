@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "dsv41/common/error.h"
 #include "dsv41/common/numeric.h"
@@ -37,6 +39,29 @@ void check_shape(const TensorInfo& t, std::vector<int64_t> want) {
   }
 }
 
+// y = x·Wᵀ for the block-scaled formats (Lin8, Lin4) as the reference computes it: each row of x
+// quantised per 32 (ActQuant8), then per output o the 32-wide partial sums in block order, each
+// scaled by the activation scale and then the weight scale. block(o, kb, xq) returns the partial
+// sum of block kb against the 32 quantised inputs xq, and the weight scale of that block.
+template <class Block>
+void block_scaled_forward(const float* x, int64_t m, float* y, int64_t in, int64_t out, Block block) {
+  const int64_t nb = in / 32;
+  std::vector<float> codes(static_cast<size_t>(in)), as(static_cast<size_t>(nb));
+  for (int64_t r = 0; r < m; ++r) {
+    act_quant8(x + r * in, in, codes.data(), as.data());
+    parallel_for(out, [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        float acc = 0.0f;
+        for (int64_t kb = 0; kb < nb; ++kb) {
+          const auto [part, w_scale] = block(o, kb, codes.data() + kb * 32);
+          acc += part * as[kb] * w_scale;
+        }
+        y[r * out + o] = acc;
+      }
+    }, std::max<int64_t>(1, 8192 / in));
+  }
+}
+
 class Lin8 final : public Linear {
  public:
   Lin8(const TensorInfo& w, const TensorInfo& s, int64_t in, int64_t out) : in_(in), out_(out), codes_(w.data) {
@@ -52,23 +77,12 @@ class Lin8 final : public Linear {
   void forward(const float* x, int64_t m, float* y) const override {
     const auto& lut = e4m3_table();
     const int64_t nb = in_ / 32;
-    std::vector<float> codes(static_cast<size_t>(in_)), as(static_cast<size_t>(nb));
-    for (int64_t r = 0; r < m; ++r) {
-      act_quant8(x + r * in_, in_, codes.data(), as.data());
-      parallel_for(out_, [&](int64_t b, int64_t e) {
-        for (int64_t o = b; o < e; ++o) {
-          const uint8_t* wr = codes_ + o * in_;
-          const float* ws = scales_.data() + (o / 32) * nb;
-          float acc = 0.0f;
-          for (int64_t kb = 0; kb < nb; ++kb) {
-            float part = 0.0f;
-            for (int i = 0; i < 32; ++i) part += codes[kb * 32 + i] * lut[wr[kb * 32 + i]];
-            acc += part * as[kb] * ws[kb];
-          }
-          y[r * out_ + o] = acc;
-        }
-      }, std::max<int64_t>(1, 8192 / in_));
-    }
+    block_scaled_forward(x, m, y, in_, out_, [&](int64_t o, int64_t kb, const float* xq) {
+      const uint8_t* w = codes_ + o * in_ + kb * 32;
+      float part = 0.0f;
+      for (int i = 0; i < 32; ++i) part += xq[i] * lut[w[i]];
+      return std::pair{part, scales_[(o / 32) * nb + kb]};
+    });
   }
 
  private:
@@ -92,27 +106,15 @@ class Lin4 final : public Linear {
   uint64_t weight_bytes() const override { return bytes_; }
   void forward(const float* x, int64_t m, float* y) const override {
     const int64_t nb = in_ / 32;
-    std::vector<float> codes(static_cast<size_t>(in_)), as(static_cast<size_t>(nb));
-    for (int64_t r = 0; r < m; ++r) {
-      act_quant8(x + r * in_, in_, codes.data(), as.data());
-      parallel_for(out_, [&](int64_t b, int64_t e) {
-        for (int64_t o = b; o < e; ++o) {
-          const uint8_t* wr = packed_ + o * (in_ / 2);
-          const float* ws = scales_.data() + o * nb;
-          float acc = 0.0f;
-          for (int64_t kb = 0; kb < nb; ++kb) {
-            float part = 0.0f;
-            for (int i = 0; i < 16; ++i) {
-              const uint8_t byte = wr[kb * 16 + i];
-              part += codes[kb * 32 + 2 * i] * e2m1_to_f32(byte & 0xF);
-              part += codes[kb * 32 + 2 * i + 1] * e2m1_to_f32(byte >> 4);
-            }
-            acc += part * as[kb] * ws[kb];
-          }
-          y[r * out_ + o] = acc;
-        }
-      }, std::max<int64_t>(1, 8192 / in_));
-    }
+    block_scaled_forward(x, m, y, in_, out_, [&](int64_t o, int64_t kb, const float* xq) {
+      const uint8_t* w = packed_ + o * (in_ / 2) + kb * 16;
+      float part = 0.0f;
+      for (int i = 0; i < 16; ++i) {
+        part += xq[2 * i] * e2m1_to_f32(w[i] & 0xF);
+        part += xq[2 * i + 1] * e2m1_to_f32(w[i] >> 4);
+      }
+      return std::pair{part, scales_[o * nb + kb]};
+    });
   }
 
  private:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # AddressSanitizer + LeakSanitizer (+ UBSan) run of the server tests: the engine loop, the API,
-# and the real-socket concurrency test (64 streams with random disconnects). Uses its own build
+# the state pool, the runtime guards and the real-socket concurrency test (64 streams with random
+# disconnects); CI runs it as its sanitizer job (.ci/run). Uses its own build
 # folder (build-asan, or $DSV41_ASAN_BUILD_DIR) configured with -DDSV41_SANITIZE=ON.
 #   scripts/asan.sh            # build + run
 #   scripts/asan.sh FILTER     # a gtest filter instead of the default set
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${DSV41_ASAN_BUILD_DIR:-build-asan}
-FILTER=${1:-'Scheduler.*:Api.*:Chat.*:Socket.*:Sampling.*'}
+FILTER=${1:-'Scheduler.*:Api.*:Chat.*:Socket.*:Sampling.*:StatePool.*:StateBudget.*:RuntimeGuards.*'}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DDSV41_CUDA=OFF -DDSV41_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$BUILD_DIR" -j "${DSV41_JOBS:-2}" --target test_serve
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}

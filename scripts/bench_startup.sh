@@ -2,7 +2,7 @@
 # Start-up time to first token: starts the server on a checkpoint, waits for /health, sends a
 # one-token completion and prints the seconds from launch to /health and to that first token,
 # followed by the server's own start-up phase summary. Run it twice to see a warm page cache.
-#   scripts/bench_startup.sh MODEL_DIR [extra server flags...]
+#   scripts/bench_startup.sh MODEL_DIR [extra server flags, e.g. --device cuda]
 #   DSV41_BIN (default build/dsv41-serve), PORT (default 18931)
 set -euo pipefail
 MODEL=${1:?usage: scripts/bench_startup.sh MODEL_DIR [server flags...]}
@@ -24,4 +24,4 @@ curl -fs "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/j
 t2=$(date +%s.%N)
 echo "ready (/health 200): $(echo "$t1 - $t0" | bc) s"
 echo "first token:         $(echo "$t2 - $t0" | bc) s"
-grep -E "start-up took|memory budget|loading weights" "$LOG" | sed 's/^/  server: /' || true
+grep -E "start-up took|memory budget|loading weights|cpu model loaded|cuda model:|pinned staging" "$LOG" | sed 's/^/  server: /' || true

@@ -28,8 +28,12 @@ if [ ! -f "$DEMO_DIR/config.json" ]; then
   "$BIN" engram-map --tokenizer "$DEMO_DIR/tokenizer.json" --out "$DEMO_DIR/engram_token_map.safetensors"
 fi
 
-# 3. Serve: on the CPU now; --device auto picks the GPU once the CUDA backend is in.
-DEVICE=auto
+# 3. Serve on the GPU when there is one and this build has CUDA (the CUDA kernels library is part
+#    of it), else on the CPU engine.
+DEVICE=cpu
+if grep -q dsv41_kernels "$BUILD_DIR/build.ninja" 2>/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  DEVICE=cuda
+fi
 echo "demo: starting the server on 127.0.0.1:$PORT (device $DEVICE)"
 "$BIN" --model "$DEMO_DIR" --served-model-name demo --engram-token-map "$DEMO_DIR/engram_token_map.safetensors" \
   --host 127.0.0.1 --port "$PORT" --device "$DEVICE" --kv-cache-gib 1 &

@@ -33,6 +33,10 @@ struct MoeParams {
   int inter = 0;     // padded n of gate/up and k of down
   int max_bits = 0;  // largest K in the tables (sizes shared memory)
   float swiglu_limit = 10.0f;  // <= 0: no clamp
+  // Round where the CPU reference engine rounds (block.cpp run_expert, MODEL.md §5.5): g and u, the
+  // weighted activation (exact libm-grade exp in the SiLU), each expert's output, and the sum, to
+  // bf16 values. Off: fp32 throughout, the kernels' own SiLU.
+  bool bf16_points = false;
 
   const void* x = nullptr;  // [m][x_stride] activations, x_cols valid
   ActType x_type = ActType::BF16;

@@ -44,13 +44,15 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(const MoeArgs a) {
         float o = v[q] * kHadScale * __half2float(__ushort_as_half(ws.svh[col]));
         // A token that did not route to this expert contributes exactly nothing (its act row is 0).
         if (ws.bias && st.weight[s][r] != 0.0f) o += __half2float(__ushort_as_half(ws.bias[col]));
+        if (p.bf16_points) o = __bfloat162float(__float2bfloat16_rn(o));
         acc[q] += o;
       }
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int col = ng * 128 + 4 * lane + q;
-      if (col < p.y_cols) store_act(p.y, static_cast<int>(p.y_type), static_cast<int64_t>(r) * p.y_stride + col, acc[q]);
+      const float out = p.bf16_points ? __bfloat162float(__float2bfloat16_rn(acc[q])) : acc[q];
+      if (col < p.y_cols) store_act(p.y, static_cast<int>(p.y_type), static_cast<int64_t>(r) * p.y_stride + col, out);
     }
   }
 }

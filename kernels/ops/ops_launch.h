@@ -302,7 +302,30 @@ struct FillPointersArgs {
   const uint16_t* value = nullptr;  // any device pointer (or nullptr)
 };
 
+// ---- DSpark (MODEL.md §6) -------------------------------------------------------------------------
+// out[t][d] = bf16((h[t][0][d] + .. + h[t][hc-1][d]) / hc), streams added in order from zero (a
+// target layer's tap).
+struct StreamMeanArgs {
+  const float* h = nullptr;  // [n][hc][dim]
+  int64_t n = 0, hc = 0, dim = 0;
+  float* out = nullptr;  // row t at out + t*out_stride
+  int64_t out_stride = 0;
+};
+// logits[r][v] += sum_k head_t[k][v] * embed[ids[r]][k] (fp32 products and sums in k order, no
+// fusion): the Markov bias of row r. An id outside the vocabulary yields NaN.
+struct MarkovBiasArgs {
+  float* logits = nullptr;  // row r at logits + r*logits_stride, vocab values, in place
+  int64_t rows = 0, vocab = 0, rank = 0, logits_stride = 0;
+  const void* head_t = nullptr;  // [rank][vocab] (the Markov head transposed)
+  DenseType head_type = DenseType::BF16;
+  const void* embed = nullptr;  // [vocab][rank]
+  DenseType embed_type = DenseType::BF16;
+  const int32_t* ids = nullptr;  // [rows]
+};
+
 namespace raw {
+cudaError_t stream_mean(const StreamMeanArgs& a, cudaStream_t s);
+cudaError_t markov_bias(const MarkovBiasArgs& a, cudaStream_t s);
 cudaError_t scale_round(const ScaleRoundArgs& a, cudaStream_t s);
 cudaError_t fill_pointers(const FillPointersArgs& a, cudaStream_t s);
 cudaError_t attn_lists(const AttnListArgs& a, cudaStream_t s);

@@ -15,6 +15,7 @@ void register_commands(CLI::App& root, std::vector<Command>& out) {
   out.push_back(add_logits(root));
   out.push_back(add_generate(root));
   out.push_back(add_pack_engram(root));
+  out.push_back(add_bench(root));
 }
 
 }  // namespace dsv41::cli

@@ -27,5 +27,6 @@ Command add_mkmodel(CLI::App& root);
 Command add_logits(CLI::App& root);
 Command add_generate(CLI::App& root);
 Command add_pack_engram(CLI::App& root);
+Command add_bench(CLI::App& root);
 
 }  // namespace dsv41::cli

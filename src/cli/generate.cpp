@@ -14,7 +14,9 @@
 #include "cli/tp_options.h"
 #include "dsv41/common/error.h"
 #include "dsv41/model/cpu_model.h"
+#include "dsv41/model/cuda_model.h"
 #include "dsv41/spec/cpu_backend.h"
+#include "dsv41/spec/cuda_backend.h"
 #include "dsv41/spec/options.h"
 #include "sched/scheduler.h"
 
@@ -43,9 +45,25 @@ struct Engine {
 // --world-size > 1 (tensor parallelism). Everything after it only sees Model and SpecBackend.
 // `dspark`: load the drafter and its backend; `required`: a checkpoint without one is an error.
 Engine open_engine(const GenerateOptions& o, bool dspark, bool required) {
-  require_cpu_device(o.load, "generate");
   model::CpuModelOptions mo = cpu_model_options(o.load);
   mo.dspark = dspark;
+  if (o.load.device == "cuda") {  // the CUDA backend and its speculation backend (src/spec/cuda_backend.cpp)
+    DSV_CHECK(o.tp.world_size <= 1, "--device cuda: generate runs the CUDA backend on one GPU (no --world-size)");
+    model::CudaModelOptions co;
+    co.engram_token_map = mo.engram_token_map;
+    co.engram_storage = mo.engram_storage;
+    co.corrected_index_keys = mo.corrected_index_keys;
+    co.dspark = dspark;
+    auto m = model::CudaModel::load(o.load.model_dir, co);
+    Engine e;
+    if (dspark && !m->has_dspark())
+      DSV_CHECK(!required, "--spec-method dspark: {} has no DSpark (mtp.*) stages; use --spec-method none",
+                o.load.model_dir);
+    if (dspark && m->has_dspark()) e.spec = spec::make_cuda_spec_backend(*m);
+    e.model = std::move(m);
+    return e;
+  }
+  require_cpu_device(o.load, "generate");
   if (o.tp.world_size > 1) {
     auto m = start_tool_tp_model(o.tp, o.load, mo);
     Engine e;

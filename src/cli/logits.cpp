@@ -71,8 +71,8 @@ int run_logits(const LogitsOptions& o) {
   mo.dspark = o.dspark;
   if (o.load.device == "cuda") {  // the CUDA backend (include/dsv41/model/cuda_model.h)
     DSV_CHECK(o.tp.world_size <= 1, "--device cuda: the logits tool runs the CUDA backend on one GPU (no --world-size)");
-    DSV_CHECK(!o.dspark, "--dspark: the CUDA backend does not run DSpark drafts yet; use --device cpu");
     model::CudaModelOptions co;
+    co.dspark = o.dspark;
     co.engram_token_map = mo.engram_token_map;
     co.engram_storage = mo.engram_storage;
     co.corrected_index_keys = mo.corrected_index_keys;
@@ -88,7 +88,7 @@ int run_logits(const LogitsOptions& o) {
   return write_logits(*cpu, o, prompt);
 }
 
-// The fixtures' stepping rule on `model`: a CpuModel, or rank 0 of a tensor-parallel run.
+// The fixtures' stepping rule on `model`: a CpuModel, a CudaModel, or rank 0 of a tensor-parallel run.
 template <class M>
 int write_logits(M& model, const LogitsOptions& o, const std::vector<int32_t>& prompt) {
   M* m = &model;

@@ -14,6 +14,8 @@
 #include "dsv41/engram/row_store.h"
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/model/cpu_model.h"
+#include "dsv41/model/cuda_model.h"
+#include "dsv41/spec/cuda_backend.h"
 #include "dsv41/runtime/memory_budget.h"
 #include "dsv41/runtime/progress.h"
 #include "dsv41/runtime/thread_dump.h"
@@ -41,7 +43,8 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
       ->check(CLI::Range(1, 65535));
   app.add_option("--api-key", o.api_key, "Require this bearer token (also DSV41_API_KEY)");
   app.add_option("--config", o.config_file, "Configuration file (KEY=VALUE lines); flags override it");
-  app.add_option("--device", o.device, "cpu, cuda or auto")->capture_default_str();
+  app.add_option("--device", o.device, "cpu, cuda (one GPU) or auto (cuda when built with CUDA and a GPU is present)")
+      ->capture_default_str();
   app.add_option("--engram-token-map", o.engram_token_map, "safetensors file with an int32 token_map");
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error")->capture_default_str();
   app.add_option("--tokenizer", o.tokenizer, "tokenizer.json to use when the checkpoint folder has none");
@@ -110,6 +113,57 @@ engram::EngramStorageOptions engram_storage(const ServeOptions& o) {
   return e;
 }
 
+enum class Device { cpu, cuda };
+constexpr int kCudaDevice = 0;  // the CUDA engine runs on the first visible GPU (CUDA_VISIBLE_DEVICES picks it)
+
+// Why the CUDA engine cannot serve these options ("" when it can): --device cuda refuses with it,
+// --device auto falls back to the CPU engine.
+std::string cuda_unsupported(const ServeOptions& o) {
+  if (o.world_size > 1)
+    return fmt::format("tensor parallelism (--world-size {}) runs on the CPU engine only; use --device cpu or "
+                       "--world-size 1",
+                       o.world_size);
+  std::string why;
+  if (runtime::cuda_device_count(&why) == 0) return why;
+  return {};
+}
+
+Device resolve_device(const ServeOptions& o) {
+  if (o.device == "cpu") return Device::cpu;
+  if (o.device != "cuda" && o.device != "auto") fail("--device {}: expected cpu, cuda or auto", o.device);
+  const std::string why = cuda_unsupported(o);
+  if (why.empty()) return Device::cuda;
+  if (o.device == "cuda") fail("--device cuda: {}", why);
+  spdlog::info("--device auto: using the CPU engine ({})", why);
+  return Device::cpu;
+}
+
+// The CUDA engine's start-up budget: the weights, the state pool and the scratch arena all live in
+// device memory, so they are checked against the device's free memory (system memory where the GPU
+// shares it); on a discrete GPU the host-side Engram row cache is checked against MemAvailable.
+// The weights are not pre-read: the upload reads each tensor once.
+std::unique_ptr<Checkpoint> check_cuda_memory(const ServeOptions& o, const model::CudaModelOptions& mo) {
+  const ModelConfig cfg = load_model_config(o.model_dir + "/config.json");
+  CheckpointOpenOptions co;
+  if (!o.engram_packed.empty()) co.engram_elsewhere = "--engram-packed " + o.engram_packed;
+  else if (!o.engram_dir.empty()) co.engram_elsewhere = "--engram-dir " + o.engram_dir;
+  auto ck = Checkpoint::open(o.model_dir, co);
+  runtime::ServeMemoryPlan plan;
+  plan.weight_bytes = runtime::checkpoint_weight_bytes(*ck);
+  plan.kv_cache_gib = o.kv_cache_gib;
+  plan.engram_cache_gib = o.engram_cache_gib;
+  plan.max_num_seqs = o.max_num_seqs;
+  plan.max_num_batched_tokens = o.max_num_batched_tokens;
+  const runtime::CudaDeviceInfo dev = runtime::cuda_device_info(mo.device);
+  const uint64_t margin = runtime::gib_to_bytes(o.ops.memory_margin_gib, "--memory-margin-gib");
+  runtime::check_startup_budget(
+      runtime::cuda_serve_budget_items(cfg, plan, mo.max_chunk_tokens, mo.max_context, dev.integrated),
+      runtime::cuda_memory_source(mo.device), margin, o.rank);
+  if (!dev.integrated && o.engram_cache_gib > 0)
+    runtime::check_startup_budget(runtime::cuda_host_budget_items(plan), runtime::meminfo_source(), margin, o.rank);
+  return ck;
+}
+
 }  // namespace
 
 std::unique_ptr<Checkpoint> check_memory_and_preload(const ServeOptions& o) {
@@ -135,12 +189,12 @@ std::unique_ptr<Checkpoint> check_memory_and_preload(const ServeOptions& o) {
 int run_serve(const ServeOptions& o) {
   if (o.model_dir.empty()) fail("--model DIR is required (see --help)");
   if (o.rank >= o.world_size) fail("--rank {} must be below --world-size {}", o.rank, o.world_size);
+  const spec::SpecMethod spec_method = spec::parse_spec_method(o.spec_method);
+  const Device device = resolve_device(o);
   if (o.rank > 0) {  // headless tensor-parallel worker: no HTTP server, same start-up budget check
     check_memory_and_preload(o);
     return run_worker_rank(o);
   }
-  if (o.device == "cuda") fail("--device cuda: the CUDA backend is not available in this version; use --device cpu");
-  if (o.device != "cpu" && o.device != "auto") fail("--device {}: expected cpu, cuda or auto", o.device);
 
   std::string api_key = o.api_key;
   if (api_key.empty())
@@ -168,32 +222,59 @@ int run_serve(const ServeOptions& o) {
   spdlog::info("loading tokenizer {}", tok_path);
   auto text = serve::make_text_backend(tok_path);
 
-  startup.begin("memory budget and weights");
-  const std::unique_ptr<Checkpoint> ckpt = check_memory_and_preload(o);
-  startup.begin("engine");
-  spdlog::info("loading checkpoint {}", o.model_dir);
-  model::CpuModelOptions mo;
-  mo.engram_token_map = o.engram_token_map;
-  mo.dspark = !o.no_dspark;
-  mo.engram_storage = engram_storage(o);
-  // The server opens the Engram store itself so that /metrics can report its reads.
-  mo.engram_store = engram::open_engram_store(load_model_config(o.model_dir + "/config.json"), ckpt.get(), mo.engram_storage);
-  const spec::SpecMethod spec_method = spec::parse_spec_method(o.spec_method);
   if (spec_method == spec::SpecMethod::dspark && o.no_dspark)
     fail("--spec-method dspark needs the DSpark stages: drop --no-dspark or use --spec-method none");
-  std::unique_ptr<model::CpuModel> model;
-  std::unique_ptr<dist::TpModel> tp_model;  // --world-size > 1: rank 0 of a tensor-parallel run
-  if (o.world_size > 1) {
-    tp_model = start_serve_tp_model(o, mo);
+  const ModelConfig file_cfg = load_model_config(o.model_dir + "/config.json");
+  DSV_CHECK(o.max_model_len <= file_cfg.max_position_embeddings,
+            "--max-model-len {} is over the model's max_position_embeddings {}", o.max_model_len,
+            file_cfg.max_position_embeddings);
+  model::CudaModelOptions cuda_mo;  // --device cuda
+  if (device == Device::cuda) {
+    const runtime::CudaDeviceInfo dev = runtime::cuda_device_info(kCudaDevice);
+    spdlog::info("device: cuda:{} {} ({} total, {} free{})", kCudaDevice, dev.name, runtime::format_gib(dev.total_bytes),
+                 runtime::format_gib(dev.free_bytes), dev.integrated ? ", memory shared with the CPU" : "");
+    cuda_mo.device = kCudaDevice;
+    // State rooms and the indexer's score rows are sized for the longest context a request may have.
+    cuda_mo.max_context = o.max_model_len > 0 ? o.max_model_len : file_cfg.max_position_embeddings;
   } else {
-    model = model::CpuModel::load(o.model_dir, mo);
+    spdlog::info("device: cpu");
   }
-  Model& engine = tp_model ? static_cast<Model&>(*tp_model) : *model;
+
+  startup.begin("memory budget and weights");
+  const std::unique_ptr<Checkpoint> ckpt = device == Device::cuda ? check_cuda_memory(o, cuda_mo) : check_memory_and_preload(o);
+  startup.begin("engine");
+  spdlog::info("loading checkpoint {}", o.model_dir);
+  // The server opens the Engram store itself so that /metrics can report its reads.
+  const engram::EngramStorageOptions storage = engram_storage(o);
+  const std::shared_ptr<engram::EngramStore> engram_store = engram::open_engram_store(file_cfg, ckpt.get(), storage);
+  std::unique_ptr<model::CpuModel> model;
+  std::unique_ptr<dist::TpModel> tp_model;      // --world-size > 1: rank 0 of a tensor-parallel run
+  std::unique_ptr<model::CudaModel> cuda_model;  // --device cuda
+  if (device == Device::cuda) {
+    cuda_mo.engram_token_map = o.engram_token_map;
+    cuda_mo.dspark = !o.no_dspark;
+    cuda_mo.engram_storage = storage;
+    cuda_mo.engram_store = engram_store;
+    cuda_model = model::CudaModel::load(o.model_dir, cuda_mo);
+  } else {
+    model::CpuModelOptions mo;
+    mo.engram_token_map = o.engram_token_map;
+    mo.dspark = !o.no_dspark;
+    mo.engram_storage = storage;
+    mo.engram_store = engram_store;
+    if (o.world_size > 1) tp_model = start_serve_tp_model(o, mo);
+    else model = model::CpuModel::load(o.model_dir, mo);
+  }
+  Model& engine = cuda_model ? static_cast<Model&>(*cuda_model)
+                  : tp_model ? static_cast<Model&>(*tp_model)
+                             : static_cast<Model&>(*model);
   std::unique_ptr<spec::SpecBackend> spec_backend;
   if (spec_method == spec::SpecMethod::dspark) {
-    if (!(tp_model ? tp_model->has_dspark() : model->has_dspark()))
-      fail("--spec-method dspark: {} has no DSpark (mtp.*) stages", o.model_dir);
-    spec_backend = tp_model ? spec::make_cpu_spec_backend(*tp_model) : spec::make_cpu_spec_backend(*model);
+    const bool drafter = cuda_model ? cuda_model->has_dspark() : tp_model ? tp_model->has_dspark() : model->has_dspark();
+    if (!drafter) fail("--spec-method dspark: {} has no DSpark (mtp.*) stages", o.model_dir);
+    if (tp_model) spec_backend = spec::make_cpu_spec_backend(*tp_model);
+    else if (model) spec_backend = spec::make_cpu_spec_backend(*model);
+    else spec_backend = spec::make_cuda_spec_backend(*cuda_model);
   }
   const ModelConfig& cfg = engine.config();
   DSV_CHECK(static_cast<int64_t>(text->vocab_size()) <= cfg.vocab_size,
@@ -226,6 +307,16 @@ int run_serve(const ServeOptions& o) {
                "max-num-batched-tokens {}",
                o.kv_cache_gib, pool.block_tokens(), engine.state_bytes(pool.block_tokens()), pool.block_tokens(),
                scheduler.capacity_tokens(), scheduler.max_model_len(), so.max_num_seqs, so.max_num_batched_tokens);
+  if (cuda_model) {
+    const model::CudaMemoryBreakdown mem = cuda_model->memory();
+    const runtime::CudaDeviceInfo dev = runtime::cuda_device_info(kCudaDevice);
+    spdlog::info("CUDA memory on cuda:{}: weights {}, scratch {}, state pool {} (device memory, drawn as sequences "
+                 "grow); capacity {} tokens (one sequence); {} free after load",
+                 kCudaDevice, runtime::format_gib(static_cast<uint64_t>(mem.weights)),
+                 runtime::format_gib(static_cast<uint64_t>(mem.scratch)),
+                 runtime::format_gib(static_cast<uint64_t>(pool.capacity_bytes())), scheduler.capacity_tokens(),
+                 runtime::format_gib(dev.free_bytes));
+  }
 
   guards.attach(scheduler);
 
@@ -243,8 +334,8 @@ int run_serve(const ServeOptions& o) {
       return h;
     };
   }
-  if (mo.engram_store)
-    ao.extra_metrics = [store = mo.engram_store] { return engram::format_engram_metrics(store->metrics()); };
+  if (engram_store)
+    ao.extra_metrics = [store = engram_store] { return engram::format_engram_metrics(store->metrics()); };
   serve::Api api(scheduler, *text, ao);
 
   loading->stop();

@@ -70,7 +70,8 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
       w.wkv_type = b.c_wkv_type;
       w.wgate = b.c_wgate.as<float>();
       w.norm = b.c_norm.as<float>();
-      w.i_wk = b.has_index_keys ? b.i_wk.as<uint16_t>() : nullptr;
+      w.i_wk = b.has_index_keys ? b.i_wk.get() : nullptr;
+      w.i_wk_type = b.i_wk_type;
       w.i_k_norm = b.has_index_keys ? b.i_k_norm.as<float>() : nullptr;
       w.dim = dim;
       w.hd = hd;
@@ -87,6 +88,15 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
       cs.capacity = ks.capacity;
       cs.n_entries = ks.n_entries;
       gpu::CompressorScratch cw{sc.c_a, sc.c_g, sc.c_latent, sc.c_work, sc.m};
+      if (b.c_wkv_lin.loaded()) {  // EXL3 projections run first (attention.cpp: ratio 1 rounds, r > 1 not)
+        if (ratio == 1) {
+          linear(b.c_wkv_lin, sc.x, dim, n, sc.c_latent, hd, true);
+        } else {
+          linear(b.c_wkv_lin, sc.x, dim, n, sc.c_a, hd, false);
+          linear(b.c_wgate_lin, sc.x, dim, n, sc.c_g, hd, false);
+        }
+        w.projected = true;
+      }
       const int64_t groups = gpu::compressor_step(w, cs, cw, sc.x, n, start, stream);
       ks.n_entries = cs.n_entries;
       if (groups > 0 && b.has_index_keys) st.last_key_publisher = L;
@@ -217,9 +227,29 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   if (n == 1) gpu::sparse_attention_decode(sa, stream);
   else gpu::sparse_attention_prefill(sa, stream);
   rope(sc.o + hd - rd, H, hd, H * hd, true);
+  attn_output(b, n);
 
-  // ---- grouped low-rank output, wo_b ----
-  const int64_t G = c.o_groups, R = c.o_lora_rank;
+  // ---- ring update: the chunk's last min(n, win) rows ----
+  if (!p.decode) {
+    const int64_t t0 = std::max<int64_t>(0, n - win), s0 = (start + t0) % win;
+    const int64_t first = std::min(n - t0, win - s0);
+    store(sc.kv + t0 * hd, first, ring + s0 * hd);
+    if (n - t0 > first) store(sc.kv + (t0 + first) * hd, n - t0 - first, ring);
+  }
+}
+
+// Grouped low-rank output and wo_b (attention.cpp attn_output): sc.o [n][H*hd] -> sc.y [n][dim]
+// (also the DSpark block's, cuda_dspark.cpp).
+void Impl::attn_output(const GpuBlock& b, int64_t n) {
+  const ModelConfig& c = cfg;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim, G = c.o_groups, R = c.o_lora_rank;
+  if (!b.wo_a_slices.empty()) {  // EXL3 layout: group g's heads through slice g, outputs side by side
+    const int64_t in_g = H * hd / G;
+    for (int64_t g = 0; g < G; ++g)
+      linear(b.wo_a_slices[static_cast<size_t>(g)], sc.o + g * in_g, H * hd, n, sc.z + g * R, G * R, true);
+    linear(b.wo_b, sc.z, G * R, n, sc.y, c.hidden_size, true);
+    return;
+  }
   gpu::DenseArgs wa;
   wa.w = b.wo_a.get();
   wa.wt = b.wo_a_type;
@@ -233,15 +263,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   wa.y_stride = G * R;
   wa.round_bf16 = true;
   gpu::lin_dense(wa, stream);
-  linear(b.wo_b, sc.z, G * R, n, sc.y, dim, true);
-
-  // ---- ring update: the chunk's last min(n, win) rows ----
-  if (!p.decode) {
-    const int64_t t0 = std::max<int64_t>(0, n - win), s0 = (start + t0) % win;
-    const int64_t first = std::min(n - t0, win - s0);
-    store(sc.kv + t0 * hd, first, ring + s0 * hd);
-    if (n - t0 > first) store(sc.kv + (t0 + first) * hd, n - t0 - first, ring);
-  }
+  linear(b.wo_b, sc.z, G * R, n, sc.y, c.hidden_size, true);
 }
 
 }  // namespace dsv41::model::cuda

@@ -3,6 +3,7 @@
 // gates, final norm and head. A chunk longer than the scratch arena runs as several passes that
 // share the chunk's index-list layout (layout_end) and decode flag, exactly as one CPU forward.
 #include "cuda_model/cuda_impl.h"
+#include "cuda_model/cuda_dspark.h"
 
 #if DSV41_HAS_CUDA
 #include <algorithm>
@@ -16,6 +17,10 @@ namespace gpu = ops::gpu;
 void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                   bool round) {
   if (m == 0) return;
+  if (l.kind == GpuLinear::Kind::Exl3) {
+    linear_exl3(l, x, x_stride, m, y, y_stride, round);
+    return;
+  }
   if (l.kind == GpuLinear::Kind::Dense) {
     gpu::DenseArgs a;
     a.w = l.w.get();
@@ -77,6 +82,10 @@ void Impl::moe(const GpuBlock& b, int64_t n) {
   r.weights = sc.route_w;
   r.scratch = sc.route_scratch;
   gpu::router(r, stream);
+  if (b.x_experts.loaded()) {  // EXL3: routed + shared experts in the grouped MoE kernels
+    moe_exl3(b, n);
+    return;
+  }
 
   gpu::ActQuantArgs q{sc.x, n, dim, dim, sc.codes, sc.act_scales};
   gpu::act_quant8(q, stream);
@@ -187,6 +196,27 @@ void Impl::block_forward(const GpuBlock& b, CudaSeqState& st, PassShared& shared
                   "pre copy");
 }
 
+// The head's fp32 logits (cpu_model.cpp head_logits) of `rows` normed rows x [rows][dim] -> y [rows][vocab]
+// (also the DSpark draft's, cuda_dspark.cpp).
+void Impl::head_logits(const float* x, int64_t rows, float* y) {
+  if (head_exl3.loaded()) {  // EXL3 head: fp32 logits straight from the linear
+    linear(head_exl3, x, cfg.hidden_size, rows, y, cfg.vocab_size, false);
+    return;
+  }
+  gpu::DenseArgs ha;
+  ha.w = head.get();
+  ha.wt = head_type;
+  ha.in = cfg.hidden_size;
+  ha.out = cfg.vocab_size;
+  ha.x = x;
+  ha.x_stride = cfg.hidden_size;
+  ha.m = rows;
+  ha.y = y;
+  ha.y_stride = cfg.vocab_size;
+  ha.round_bf16 = false;
+  gpu::lin_dense(ha, stream);
+}
+
 void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int64_t logit_rows_from,
                     float* logits_host, BlockDump* dump) {
   const ModelConfig& c = cfg;
@@ -238,6 +268,7 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
       const auto e = static_cast<size_t>(b.engram_index);
       engram(b, *engram_fetch[e], engram_rows[e], n);
     }
+    if (dspark) dspark_capture_tap(*this, L, n);  // DSpark target-layer taps (cuda_dspark.cpp)
     block_forward(b, st, shared, p);
     if (dump) {
       std::vector<float> h(static_cast<size_t>(n * hc * dim)), pr(static_cast<size_t>(n * hc));
@@ -258,22 +289,12 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
     gpu::hc_collapse(ca, stream);
     gpu::RmsNormArgs rn{sc.x, dim, final_norm.as<float>(), sc.x, dim, rows, dim, static_cast<float>(c.rms_norm_eps)};
     gpu::rms_norm(rn, stream);
-    gpu::DenseArgs ha;
-    ha.w = head.get();
-    ha.wt = head_type;
-    ha.in = dim;
-    ha.out = V;
-    ha.x = sc.x;
-    ha.x_stride = dim;
-    ha.m = rows;
-    ha.y = sc.logits;
-    ha.y_stride = V;
-    ha.round_bf16 = false;  // the head's fp32 logits (cpu_model.cpp head_logits)
-    gpu::lin_dense(ha, stream);
+    head_logits(sc.x, rows, sc.logits);
     gpu::check_cuda(cudaMemcpyAsync(logits_host, sc.logits, static_cast<size_t>(rows * V) * 4, cudaMemcpyDeviceToHost,
                                     stream),
                     "logits download");
   }
+  if (dspark) dspark_feed_rings(*this, st, p);  // DSpark rings of the pass's positions
   gpu::check_cuda(cudaStreamSynchronize(stream), "forward");
 
   // ---- carried host state: Engram history ----

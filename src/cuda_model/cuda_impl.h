@@ -4,14 +4,17 @@
 #if DSV41_HAS_CUDA
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cuda_model/cuda_state_memory.h"
 #include "dsv41/engram/row_store.h"
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/model/cuda_model.h"
+#include "dsv41/ops/exl3_gpu.h"
 #include "dsv41/ops/gpu_buffer.h"
 #include "dsv41/ops/gpu_ops.h"
 #include "model/engram_hash.h"
@@ -21,12 +24,14 @@ namespace dsv41::model::cuda {
 using ops::gpu::DenseType;
 using ops::gpu::DeviceBuffer;
 
-// A linear on the device: FP8 block-scaled (Lin8), FP4 (Lin4, a bank of one) or dense BF16/F32.
+// A linear on the device: FP8 block-scaled (Lin8), FP4 (Lin4, a bank of one), dense BF16/F32, or
+// EXL3 (src/cuda_model/cuda_exl3.cpp: trellis in w, fp16 suh|svh|bias in s, run by the EXL3 GEMM).
 struct GpuLinear {
-  enum class Kind { Fp8, Fp4, Dense };
+  enum class Kind { Fp8, Fp4, Dense, Exl3 };
   Kind kind = Kind::Dense;
-  DeviceBuffer w, s;  // codes/packed/dense values; E8M0 scales (Fp8, Fp4)
+  DeviceBuffer w, s;  // codes/packed/dense values/trellis; E8M0 scales (Fp8, Fp4) or suh|svh|bias (Exl3)
   DenseType dense_type = DenseType::BF16;
+  ops::Exl3Matrix exl3;  // Exl3: device pointers into w and s, padded k/n, K and codebook
   int64_t in = 0, out = 0;
   bool loaded() const { return out > 0; }
 };
@@ -35,6 +40,15 @@ struct GpuLinear {
 struct GpuExpertBank {
   DeviceBuffer packed, scales;
   int64_t in = 0, out = 0, n = 0;
+};
+
+// EXL3 routed experts of a layer for the grouped MoE kernels: per-expert linears and the device
+// tables of their matrices ([n_experts] routed, then the shared expert at index n_experts).
+struct GpuExl3Experts {
+  std::vector<GpuLinear> w1, w2, w3;  // routed experts (the shared expert's linears stay in GpuBlock)
+  DeviceBuffer gate, up, down;        // ops::Exl3Matrix [n_experts + 1]
+  int hidden = 0, inter = 0, max_bits = 0;  // padded sizes; largest K over all tables
+  bool loaded() const { return !w1.empty(); }
 };
 
 struct GpuBlock {
@@ -46,11 +60,16 @@ struct GpuBlock {
   GpuLinear wq_a, wq_b, wkv, wo_b;
   DeviceBuffer wo_a;  // [G·R][in_g], grouped dense
   DenseType wo_a_type = DenseType::BF16;
+  std::vector<GpuLinear> wo_a_slices;  // EXL3 layout (`wo_a.slice.{g}`, EXL3 or dense): one per group
   DeviceBuffer q_norm, kv_norm, sink;
   // compressor (KV sources) and index keys
   bool has_compressor = false, has_index_keys = false;
   DeviceBuffer c_wkv, c_wgate, c_norm, i_wk, i_k_norm;
   DenseType c_wkv_type = DenseType::BF16;
+  // When a compressor projection is EXL3, both stay linears (c_wkv/c_wgate empty) and run before
+  // the compressor step, which then takes their outputs (CompressorWeights::projected).
+  GpuLinear c_wkv_lin, c_wgate_lin;
+  DenseType i_wk_type = DenseType::BF16;
   // indexer (index sources)
   bool has_indexer = false;
   GpuLinear i_wq_b, i_weights_proj;
@@ -58,6 +77,7 @@ struct GpuBlock {
   int64_t n_experts = 0, top_k = 0;
   DeviceBuffer gate_w, gate_bias;
   GpuExpertBank w1, w2, w3;
+  GpuExl3Experts x_experts;  // EXL3 checkpoints (w1/w2/w3 banks then stay empty)
   GpuLinear sh_w1, sh_w2, sh_w3;
   // Engram
   bool has_engram = false;
@@ -66,19 +86,30 @@ struct GpuBlock {
   DeviceBuffer e_gate_w;  // [hc][dim] fp32(q)·fp32(k)
 };
 
-// One KV source's compressed cache on the device.
+// One KV source's compressed cache on the device (spans of the state's blocks, cuda_state.cpp).
 struct GpuKvSource {
-  DeviceBuffer compressed, index_keys, carry_kv, carry_score;
+  StateSpan compressed, index_keys, carry_kv, carry_score;
   int64_t capacity = 0, n_entries = 0;
 };
 
+// DSpark window of a sequence (cuda_dspark.cpp): per stage a bf16 ring [window][head_dim] of the
+// rows derived from the target's committed positions (MODEL.md §6.2), carved from the fixed block.
+struct DsparkSeqState {
+  std::vector<StateSpan> ring;  // [stage]; empty when the model has no DSpark stages
+};
+
 struct CudaSeqState final : SeqState {
-  std::vector<DeviceBuffer> ring;   // [layer] -> [window][head_dim] bf16
+  std::vector<StateSpan> ring;      // [layer] -> [window][head_dim] bf16
   std::vector<GpuKvSource> kv;      // [layer] (KV sources only)
   std::vector<int64_t> engram_history;  // compressed ids of the last max_ngram-1 tokens, oldest first
   int64_t last_key_publisher = -1;
-  int64_t capacity_tokens = 0;
+  int64_t capacity_tokens = -1;     // context room; -1 until the growing block is sized
   const void* owner = nullptr;
+  // Device memory: `fixed` holds the rings and compressor carries, `growing` the compressed KV and
+  // index keys sized for capacity_tokens (replaced, contents copied, when the room grows).
+  std::pmr::memory_resource* memory = nullptr;
+  StateBlock fixed, growing;
+  DsparkSeqState dspark;
 };
 
 // The scratch arena: one allocation carved into the forward's buffers for `m` tokens per pass.
@@ -119,6 +150,9 @@ struct Pass {
   bool decode = false;
 };
 
+struct DsparkModel;  // the drafter's weights and scratch (cuda_dspark.h)
+class StagedUploader;  // pinned-staging weight uploads (cuda_upload.h)
+
 struct Impl {
   ModelConfig cfg;
   CudaModelOptions opts;
@@ -134,21 +168,44 @@ struct Impl {
   std::shared_ptr<engram::EngramStore> engram_store;
   int64_t max_context = 0;
   int64_t weight_bytes = 0;
+  int64_t weight_bytes_fp8 = 0, weight_bytes_fp4 = 0, weight_bytes_exl3 = 0;  // the rest is dense
+  GpuLinear head_exl3;  // an EXL3 head (head/head_type then stay empty)
+  DeviceBuffer exl3_ws, exl3_moe_ws;  // EXL3 GEMM / grouped MoE workspaces (one call at a time)
+  size_t exl3_ws_bytes = 0, exl3_moe_ws_bytes = 0;  // sizes gathered while loading
+  std::vector<std::array<int32_t, 4>> exl3_shapes;  // (k, n, bits, codebook) already sized
   Scratch sc;
   cudaStream_t stream = nullptr;
   std::vector<uint8_t> engram_host;  // staging of raw Engram rows for one pass
   std::vector<float> scores_host;    // index scores of one pass [n][T]
   std::vector<int32_t> topk_host;    // selections of one pass [n][k]
+  std::shared_ptr<DsparkModel> dspark;  // null: no DSpark stages loaded (cuda_dspark.cpp)
+  int64_t dspark_stages = 0;            // DSpark rings per sequence state
+  StagedUploader* staging = nullptr;    // set while load() runs: weight uploads go through it
 
   ~Impl();
   // ---- loading (src/cuda_model/cuda_load.cpp) ----
   void load(const std::string& dir);
-  void load_block(GpuBlock& b, int64_t layer);
+  // prefix empty: "layers.<layer>"; is_dspark: a DSpark stage (mtp.<s>: no compressor, indexer or
+  // Engram; the dspark_* expert counts).
+  void load_block(GpuBlock& b, int64_t layer, const std::string& prefix = {}, bool is_dspark = false);
   GpuLinear upload_linear(const std::string& prefix, int64_t in, int64_t out, int kind);
   void alloc_scratch();
+  void count_weight_bytes(const GpuLinear& l);
+  CudaMemoryBreakdown memory_breakdown() const;
+  // ---- EXL3 (src/cuda_model/cuda_exl3.cpp) ----
+  GpuLinear upload_exl3(const std::string& prefix, int64_t in, int64_t out);
+  void load_exl3_experts(GpuBlock& b, const std::string& ffn_prefix);  // after the shared expert
+  void alloc_exl3_workspaces();
+  void linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
+                   bool round);
+  void moe_exl3(const GpuBlock& b, int64_t n);
   // ---- state (src/cuda_model/cuda_state.cpp) ----
-  std::unique_ptr<CudaSeqState> make_state() const;
-  int64_t state_bytes() const;
+  std::unique_ptr<CudaSeqState> make_state() const;  // heap state with room for max_context tokens
+  // A state whose device buffers come from `memory`, with room for `capacity_tokens` tokens.
+  std::unique_ptr<CudaSeqState> make_state(std::pmr::memory_resource* memory, int64_t capacity_tokens) const;
+  void reserve_state(CudaSeqState& st, int64_t capacity_tokens) const;  // grows, keeps contents
+  int64_t state_bytes() const;  // one state of max_context tokens
+  int64_t state_bytes(int64_t capacity_tokens) const;  // device bytes a state of that room takes
   CudaSeqState& state_of(SeqState& s) const;
   // ---- forward (src/cuda_model/cuda_forward.cpp, cuda_attention.cpp) ----
   void forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_logits, std::vector<float>* logits,
@@ -158,6 +215,8 @@ struct Impl {
   void block_forward(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p);
   void attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p);
   void moe(const GpuBlock& b, int64_t n);
+  void attn_output(const GpuBlock& b, int64_t n);  // sc.o -> sc.y (grouped wo_a, wo_b)
+  void head_logits(const float* x, int64_t rows, float* y);  // fp32 logits of normed rows
   void engram(const GpuBlock& b, const engram::EngramFetch& fetch, const std::vector<int64_t>& ids, int64_t n);
   // y[m][y_stride] = lin(x[m][x_stride]) (bf16-rounded when `round`).
   void linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,

@@ -2,16 +2,21 @@
 // (same names, shapes and load-time conversions as src/model/cpu_load.cpp) and uploaded once; the
 // scratch arena sized from the config. FP8 and FP4 weights stay in their stored codes and scales.
 #include "cuda_model/cuda_impl.h"
+#include "cuda_model/cuda_dspark.h"
+#include "cuda_model/cuda_upload.h"
 
 #if DSV41_HAS_CUDA
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "dsv41/common/error.h"
 #include "dsv41/common/numeric.h"
+#include "dsv41/common/parallel.h"
 #include "dsv41/exl3/exl3_linear.h"
 #include "model/cpu_impl.h"
 #include "model/linears.h"
@@ -20,20 +25,37 @@
 namespace dsv41::model::cuda {
 namespace {
 
+// Load-time conversions run over the thread pool (element-wise: the split cannot change a value).
+constexpr int64_t kConvertChunk = int64_t{1} << 16;
+
 bool bf16_exact(const std::vector<float>& v) {
-  return std::all_of(v.begin(), v.end(), [](float f) { return std::isnan(f) || bf16_round(f) == f; });
+  std::atomic<bool> exact{true};
+  parallel_for(static_cast<int64_t>(v.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e && exact.load(std::memory_order_relaxed); ++i) {
+      const float f = v[static_cast<size_t>(i)];
+      if (!std::isnan(f) && bf16_round(f) != f) exact.store(false, std::memory_order_relaxed);
+    }
+  }, kConvertChunk);
+  return exact.load();
 }
 
 std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
   std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16_bits(v[i]);
+  parallel_for(static_cast<int64_t>(v.size()), [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) b[static_cast<size_t>(i)] = f32_to_bf16_bits(v[static_cast<size_t>(i)]);
+  }, kConvertChunk);
   return b;
 }
 
-void no_exl3(const Checkpoint& ck, const std::string& prefix) {
-  DSV_CHECK(!ck.has(prefix + ".trellis"),
-            "{}: EXL3 linears are not supported by the CUDA model backend yet; run this checkpoint with --device cpu",
-            prefix);
+// Weight uploads of load(): through the pinned staging when it is set, else synchronous.
+void upload_bytes(StagedUploader* staging, DeviceBuffer& d, const void* src, size_t bytes, size_t offset = 0) {
+  if (staging) staging->upload(d, src, bytes, offset);
+  else d.upload(src, bytes, offset);
+}
+
+template <class T>
+DeviceBuffer upload_vector(StagedUploader* staging, const std::vector<T>& v) {
+  return staging ? staging->from(v) : DeviceBuffer::from(v);
 }
 
 }  // namespace
@@ -44,19 +66,21 @@ Impl::~Impl() {
 
 // Dense values are uploaded as BF16 when every value is a bf16 value (the kernels compute in fp32
 // either way, so the results are identical), else as F32.
-static DeviceBuffer upload_dense(const std::vector<float>& v, DenseType& type, bool force_f32 = false) {
+static DeviceBuffer upload_dense(StagedUploader* staging, const std::vector<float>& v, DenseType& type,
+                                 bool force_f32 = false) {
   if (!force_f32 && bf16_exact(v)) {
     type = DenseType::BF16;
-    return DeviceBuffer::from(to_bf16_bits(v));
+    return upload_vector(staging, to_bf16_bits(v));
   }
   type = DenseType::F32;
-  return DeviceBuffer::from(v);
+  return upload_vector(staging, v);
 }
 
 GpuLinear Impl::upload_linear(const std::string& prefix, int64_t in, int64_t out, int kind_int) {
   const auto kind = static_cast<LinearKind>(kind_int);
   const Checkpoint& ck = *ckpt;
-  no_exl3(ck, prefix);
+  // EXL3 whatever the requested kind, as the CPU engine's load_linear (cuda_exl3.cpp).
+  if (exl3::is_exl3_linear(ck, prefix)) return upload_exl3(prefix, in, out);
   GpuLinear l;
   l.in = in;
   l.out = out;
@@ -67,27 +91,27 @@ GpuLinear Impl::upload_linear(const std::string& prefix, int64_t in, int64_t out
     const TensorInfo& s = ck.get(prefix + ".scale");
     l.kind = w.dtype == DType::F8_E4M3 ? GpuLinear::Kind::Fp8 : GpuLinear::Kind::Fp4;
     l.w = DeviceBuffer(w.nbytes);
-    l.w.upload(w.data, w.nbytes);
+    upload_bytes(staging, l.w, w.data, w.nbytes);
     l.s = DeviceBuffer(s.nbytes);
-    l.s.upload(s.data, s.nbytes);
+    upload_bytes(staging, l.s, s.data, s.nbytes);
   } else {
     std::vector<float> v = load_dense_weight(ck, prefix, in, out);
-    if (kind == LinearKind::kBF16 && w.dtype == DType::F8_E4M3)
-      for (float& f : v) f = bf16_round(f);
+    if (kind == LinearKind::kBF16 && w.dtype == DType::F8_E4M3) round_to_bf16(v);
     l.kind = GpuLinear::Kind::Dense;
-    l.w = upload_dense(v, l.dense_type, kind == LinearKind::kF32);
+    l.w = upload_dense(staging, v, l.dense_type, kind == LinearKind::kF32);
   }
   weight_bytes += static_cast<int64_t>(l.w.bytes() + l.s.bytes());
+  count_weight_bytes(l);
   return l;
 }
 
-void Impl::load_block(GpuBlock& b, int64_t layer) {
+void Impl::load_block(GpuBlock& b, int64_t layer, const std::string& prefix_arg, bool is_dspark) {
   const ModelConfig& c = cfg;
   const Checkpoint& ck = *ckpt;
   const int64_t dim = c.hidden_size, hd = c.head_dim, H = c.num_attention_heads, hc = c.hc_mult;
-  const std::string prefix = "layers." + std::to_string(layer);
+  const std::string prefix = prefix_arg.empty() ? "layers." + std::to_string(layer) : prefix_arg;
   auto f32 = [&](const std::string& name, std::vector<int64_t> shape) {
-    DeviceBuffer d = DeviceBuffer::from(load_f32(ck, name, std::move(shape)));
+    DeviceBuffer d = upload_vector(staging, load_f32(ck, name, std::move(shape)));
     weight_bytes += static_cast<int64_t>(d.bytes());
     return d;
   };
@@ -115,34 +139,42 @@ void Impl::load_block(GpuBlock& b, int64_t layer) {
   b.q_norm = f32(ap + ".q_norm.weight", {c.q_lora_rank});
   b.kv_norm = f32(ap + ".kv_norm.weight", {hd});
   b.sink = f32(ap + ".attn_sink", {H});
-  DSV_CHECK(!ck.has(ap + ".wo_a.slice.0.trellis") && !ck.has(ap + ".wo_a.slice.0.weight"),
-            "{}.wo_a: the per-group (EXL3 layout) output projection is not supported by the CUDA model backend yet", ap);
   const int64_t in_g = H * hd / c.o_groups;
-  {
+  if (ck.has(ap + ".wo_a.slice.0.trellis") || ck.has(ap + ".wo_a.slice.0.weight")) {
+    // EXL3 layout (EXL3.md §1.8): one linear per group, each EXL3 or left unquantized (cpu_load.cpp).
+    for (int64_t g = 0; g < c.o_groups; ++g)
+      b.wo_a_slices.push_back(upload_linear(ap + ".wo_a.slice." + std::to_string(g), in_g, c.o_lora_rank, kBF16));
+  } else {
     std::vector<float> w = load_dense_weight(ck, ap + ".wo_a", in_g, c.o_groups * c.o_lora_rank);
-    if (ck.get(ap + ".wo_a.weight").dtype == DType::F8_E4M3)
-      for (float& f : w) f = bf16_round(f);
-    b.wo_a = upload_dense(w, b.wo_a_type);
+    if (ck.get(ap + ".wo_a.weight").dtype == DType::F8_E4M3) round_to_bf16(w);
+    b.wo_a = upload_dense(staging, w, b.wo_a_type);
     weight_bytes += static_cast<int64_t>(b.wo_a.bytes());
   }
-  if (c.is_kv_source(layer)) {
+  if (!is_dspark && c.is_kv_source(layer)) {
     b.has_compressor = true;
     // Ratio 1: LinBF16; ratio > 1: LinF32 (the compressor step takes F32 weights there).
     GpuLinear wkv = upload_linear(ap + ".compressor.wkv", dim, hd, b.ratio > 1 ? kF32 : kBF16);
-    b.c_wkv = std::move(wkv.w);
-    b.c_wkv_type = wkv.dense_type;
-    if (b.ratio > 1) b.c_wgate = std::move(upload_linear(ap + ".compressor.wgate", dim, hd, kF32).w);
+    GpuLinear wgate = b.ratio > 1 ? upload_linear(ap + ".compressor.wgate", dim, hd, kF32) : GpuLinear{};
+    if (wkv.kind == GpuLinear::Kind::Exl3 || wgate.kind == GpuLinear::Kind::Exl3) {
+      b.c_wkv_lin = std::move(wkv);
+      b.c_wgate_lin = std::move(wgate);
+    } else {
+      b.c_wkv = std::move(wkv.w);
+      b.c_wkv_type = wkv.dense_type;
+      b.c_wgate = std::move(wgate.w);
+    }
     b.c_norm = f32(ap + ".compressor.norm.weight", {hd});
     if (c.is_index_source(layer)) {
       b.has_index_keys = true;
       GpuLinear wk = upload_linear(ap + ".indexer.wk", hd, c.index_head_dim, kBF16);
-      DSV_CHECK(wk.dense_type == DenseType::BF16,
-                "{}.indexer.wk: the CUDA compressor needs bf16-representable index-key weights", ap);
+      DSV_CHECK(wk.kind == GpuLinear::Kind::Dense,
+                "{}.indexer.wk: the CUDA compressor runs index-key weights as a dense matrix (BF16/F16/F32), not EXL3", ap);
       b.i_wk = std::move(wk.w);
+      b.i_wk_type = wk.dense_type;
       b.i_k_norm = f32(ap + ".indexer.k_norm.weight", {c.index_head_dim});
     }
   }
-  if (c.is_index_source(layer)) {
+  if (!is_dspark && c.is_index_source(layer)) {
     b.has_indexer = true;
     b.i_wq_b = upload_linear(ap + ".indexer.wq_b", c.q_lora_rank, c.index_n_heads * c.index_head_dim, kAuto);
     b.i_weights_proj = upload_linear(ap + ".indexer.weights_proj", dim, c.index_n_heads, kBF16);
@@ -150,8 +182,8 @@ void Impl::load_block(GpuBlock& b, int64_t layer) {
 
   // ---- MoE: routed experts as FP4 banks, the shared expert as plain linears ----
   const std::string fp = prefix + ".ffn";
-  b.n_experts = c.n_routed_experts;
-  b.top_k = c.num_experts_per_tok;
+  b.n_experts = is_dspark ? c.dspark_experts() : c.n_routed_experts;
+  b.top_k = is_dspark ? c.dspark_topk() : c.num_experts_per_tok;
   b.gate_w = f32(fp + ".gate.weight", {b.n_experts, dim});
   b.gate_bias = f32(fp + ".gate.bias", {b.n_experts});
   const int64_t inter = c.moe_intermediate_size;
@@ -164,26 +196,35 @@ void Impl::load_block(GpuBlock& b, int64_t layer) {
     k.scales = DeviceBuffer(static_cast<size_t>(k.n * sbytes));
     for (int64_t e = 0; e < k.n; ++e) {
       const std::string p = fp + ".experts." + std::to_string(e) + "." + which;
-      no_exl3(ck, p);
+      DSV_CHECK(!exl3::is_exl3_linear(ck, p),
+                "{}: expert 0 of this layer is not EXL3, so no routed expert may be (the CUDA MoE runs one format per "
+                "layer)",
+                p);
       const TensorInfo& w = ck.get(p + ".weight");
       DSV_CHECK(w.dtype == DType::I8,
                 "{}.weight: the CUDA model backend runs routed experts as FP4 (I8) banks, this checkpoint stores {}", p,
                 dtype_name(w.dtype));
       (void)load_linear(ck, p, in, out);  // shape checks of the CPU engine
       const TensorInfo& s = ck.get(p + ".scale");
-      k.packed.upload(w.data, static_cast<size_t>(wbytes), static_cast<size_t>(e * wbytes));
-      k.scales.upload(s.data, static_cast<size_t>(sbytes), static_cast<size_t>(e * sbytes));
+      upload_bytes(staging, k.packed, w.data, static_cast<size_t>(wbytes), static_cast<size_t>(e * wbytes));
+      upload_bytes(staging, k.scales, s.data, static_cast<size_t>(sbytes), static_cast<size_t>(e * sbytes));
     }
     weight_bytes += static_cast<int64_t>(k.packed.bytes() + k.scales.bytes());
+    weight_bytes_fp4 += static_cast<int64_t>(k.packed.bytes() + k.scales.bytes());
   };
-  bank(b.w1, "w1", dim, inter);
-  bank(b.w2, "w2", inter, dim);
-  bank(b.w3, "w3", dim, inter);
+  // EXL3 routed experts run through the grouped MoE kernels (cuda_exl3.cpp), with the shared expert.
+  const bool exl3_experts = exl3::is_exl3_linear(ck, fp + ".experts.0.w1");
+  if (!exl3_experts) {
+    bank(b.w1, "w1", dim, inter);
+    bank(b.w2, "w2", inter, dim);
+    bank(b.w3, "w3", dim, inter);
+  }
   b.sh_w1 = upload_linear(fp + ".shared_experts.w1", dim, inter, kAuto);
   b.sh_w2 = upload_linear(fp + ".shared_experts.w2", inter, dim, kAuto);
   b.sh_w3 = upload_linear(fp + ".shared_experts.w3", dim, inter, kAuto);
+  if (exl3_experts) load_exl3_experts(b, fp);
 
-  if (c.is_engram_layer(layer)) {
+  if (!is_dspark && c.is_engram_layer(layer)) {
     b.has_engram = true;
     b.engram_index = c.engram_index(layer);
     const std::string ep = prefix + ".engram";
@@ -228,31 +269,60 @@ void Impl::load(const std::string& dir) {
   DSV_CHECK(max_context <= c.max_position_embeddings, "CUDA model: max_context {} exceeds max_position_embeddings {}",
             max_context, c.max_position_embeddings);
 
+  // Weights go up through pinned staging (cuda_upload.h); `staging` is cleared on every exit, and
+  // the uploader (destroyed after that) waits for the copies still in flight.
+  StagedUploader uploader;
+  staging = &uploader;
+  struct ClearStaging {
+    Impl* m;
+    ~ClearStaging() { m->staging = nullptr; }
+  } clear_staging{this};
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  const auto t_weights = std::chrono::steady_clock::now();
+
   const TensorInfo& emb = ckpt->get("embed.weight");
   DSV_CHECK(emb.shape == std::vector<int64_t>({c.vocab_size, c.hidden_size}) && emb.dtype == DType::BF16,
             "embed.weight: the CUDA model backend needs BF16 [{}, {}], got {} {}", c.vocab_size, c.hidden_size,
             dtype_name(emb.dtype), emb.shape_str());
   embed = DeviceBuffer(emb.nbytes);
-  embed.upload(emb.data, emb.nbytes);
+  upload_bytes(staging, embed, emb.data, emb.nbytes);
   weight_bytes += static_cast<int64_t>(embed.bytes());
-  DSV_CHECK(!exl3::is_exl3_linear(*ckpt, "head"), "head: an EXL3 head is not supported by the CUDA model backend yet");
-  const TensorInfo& hw = ckpt->get("head.weight");
-  DSV_CHECK(hw.shape == std::vector<int64_t>({c.vocab_size, c.hidden_size}),
-            "tensor head.weight has shape {}, expected [{}, {}]", hw.shape_str(), c.vocab_size, c.hidden_size);
-  if (hw.dtype == DType::BF16) {
-    head = DeviceBuffer(hw.nbytes);
-    head.upload(hw.data, hw.nbytes);
-    head_type = DenseType::BF16;
+  if (exl3::is_exl3_linear(*ckpt, "head")) {
+    head_exl3 = upload_exl3("head", c.hidden_size, c.vocab_size);  // head_bits 1..8 (EXL3.md §1.8)
   } else {
-    DSV_CHECK(hw.dtype == DType::F16 || hw.dtype == DType::F32, "head.weight: dtype {} where BF16/F16/F32 is expected",
-              dtype_name(hw.dtype));
-    head = DeviceBuffer::from(tensor_to_f32(hw));
-    head_type = DenseType::F32;
+    const TensorInfo& hw = ckpt->get("head.weight");
+    DSV_CHECK(hw.shape == std::vector<int64_t>({c.vocab_size, c.hidden_size}),
+              "tensor head.weight has shape {}, expected [{}, {}]", hw.shape_str(), c.vocab_size, c.hidden_size);
+    if (hw.dtype == DType::BF16) {
+      head = DeviceBuffer(hw.nbytes);
+      upload_bytes(staging, head, hw.data, hw.nbytes);
+      head_type = DenseType::BF16;
+    } else {
+      DSV_CHECK(hw.dtype == DType::F16 || hw.dtype == DType::F32,
+                "head.weight: dtype {} where BF16/F16/F32 is expected", dtype_name(hw.dtype));
+      head = DeviceBuffer::from(tensor_to_f32(hw));
+      head_type = DenseType::F32;
+    }
+    weight_bytes += static_cast<int64_t>(head.bytes());
   }
-  weight_bytes += static_cast<int64_t>(head.bytes());
   final_norm = DeviceBuffer::from(load_f32(*ckpt, "norm.weight", {c.hidden_size}));
   blocks.resize(static_cast<size_t>(c.num_hidden_layers));
+  const auto t_layers = std::chrono::steady_clock::now();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) load_block(blocks[static_cast<size_t>(l)], l);
+  const double layers_s = seconds_since(t_layers);
+  if (opts.dspark) load_dspark(*this);  // the mtp.* drafter, when the config has one (cuda_dspark.cpp)
+  uploader.finish();
+  staging = nullptr;
+  {
+    // Start-up phases (issue 11): host conversions and staging overlap the copies to the device.
+    const double s = seconds_since(t_weights), gib = static_cast<double>(uploader.bytes_uploaded()) / 1073741824.0;
+    spdlog::info("cuda model: weights uploaded in {:.2f} s ({:.2f} GiB staged, {:.1f} GiB/s); {} layers {:.2f} s "
+                 "({:.3f} s per layer)",
+                 s, gib, s > 0 ? gib / s : 0.0, blocks.size(), layers_s,
+                 blocks.empty() ? 0.0 : layers_s / static_cast<double>(blocks.size()));
+  }
 
   engram_hash = build_engram_hashes(c);
   engram_store = opts.engram_store ? opts.engram_store : engram::open_engram_store(c, ckpt.get(), opts.engram_storage);
@@ -265,12 +335,35 @@ void Impl::load(const std::string& dir) {
     token_map = load_engram_token_map(opts.engram_token_map, c, &engram_pad);
   }
   alloc_scratch();
+  alloc_exl3_workspaces();
   // Weight uploads ran on the legacy stream, which the model's non-blocking stream does not wait for.
   ops::gpu::check_cuda(cudaDeviceSynchronize(), "weight upload");
-  spdlog::info("cuda model: {} layers on device {}; memory: weights {:.1f} MiB, state {:.2f} MiB per sequence of {} "
-               "tokens, scratch {:.1f} MiB ({} tokens per pass)",
-               blocks.size(), opts.device, weight_bytes / 1048576.0, state_bytes() / 1048576.0, max_context,
-               static_cast<double>(sc.arena.bytes()) / 1048576.0, sc.m);
+  const CudaMemoryBreakdown mem = memory_breakdown();
+  const auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
+  spdlog::info("cuda model: {} layers on device {}; memory: weights {:.1f} MiB (fp8 {:.1f}, fp4 {:.1f}, exl3 {:.1f}, "
+               "dense {:.1f}), state {:.2f} MiB per sequence of {} tokens, scratch {:.1f} MiB ({} tokens per pass)",
+               blocks.size(), opts.device, mib(mem.weights), mib(mem.weights_fp8), mib(mem.weights_fp4),
+               mib(mem.weights_exl3), mib(mem.weights_dense), mib(mem.state_per_sequence), max_context,
+               mib(mem.scratch), sc.m);
+}
+
+void Impl::count_weight_bytes(const GpuLinear& l) {
+  const auto bytes = static_cast<int64_t>(l.w.bytes() + l.s.bytes());
+  if (l.kind == GpuLinear::Kind::Fp8) weight_bytes_fp8 += bytes;
+  else if (l.kind == GpuLinear::Kind::Fp4) weight_bytes_fp4 += bytes;
+  else if (l.kind == GpuLinear::Kind::Exl3) weight_bytes_exl3 += bytes;
+}
+
+CudaMemoryBreakdown Impl::memory_breakdown() const {
+  CudaMemoryBreakdown m;
+  m.weights = weight_bytes;
+  m.state_per_sequence = state_bytes();
+  m.scratch = static_cast<int64_t>(sc.arena.bytes() + exl3_ws.bytes() + exl3_moe_ws.bytes());
+  m.weights_fp8 = weight_bytes_fp8;
+  m.weights_fp4 = weight_bytes_fp4;
+  m.weights_exl3 = weight_bytes_exl3;
+  m.weights_dense = weight_bytes - weight_bytes_fp8 - weight_bytes_fp4 - weight_bytes_exl3;
+  return m;
 }
 
 void Impl::alloc_scratch() {
@@ -278,14 +371,17 @@ void Impl::alloc_scratch() {
   const int64_t m = opts.max_chunk_tokens, dim = c.hidden_size, hc = c.hc_mult, mixw = (2 + hc) * hc;
   const int64_t qlr = c.q_lora_rank, H = c.num_attention_heads, hd = c.head_dim, ihd = c.index_head_dim;
   const int64_t IH = c.index_n_heads, win = c.sliding_window, GR = c.o_groups * c.o_lora_rank;
-  const int64_t inter = c.moe_intermediate_size, K = c.num_experts_per_tok, E = c.n_routed_experts;
+  // The DSpark stages may route over more experts / slots than the target layers.
+  const int64_t inter = c.moe_intermediate_size, K = std::max(c.num_experts_per_tok, c.dspark_topk()),
+                E = std::max(c.n_routed_experts, c.dspark_experts());
   const int64_t cols = c.n_engram_columns(), edim = cols * c.engram_head_dim, V = c.vocab_size;
   int64_t min_ratio = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     if (c.ratio(l) > 0 && (min_ratio == 0 || c.ratio(l) < min_ratio)) min_ratio = c.ratio(l);
   const int64_t t_max = min_ratio > 0 ? std::max<int64_t>(1, max_context / min_ratio) : 1;
   const int64_t tk = std::max<int64_t>(1, c.index_topk);
-  const int64_t max_in = std::max({dim, qlr, GR, inter, edim, H * hd, hd});
+  const int64_t taps_in = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * dim;  // DSpark main_proj
+  const int64_t max_in = std::max({dim, qlr, GR, inter, edim, H * hd, hd, taps_in});
   const int64_t code_bytes = std::max(m * max_in, m * K * inter);
   const int64_t engram_raw = c.engram_layer_ids.empty() ? 0 : m * cols * engram_row_bytes;
 

@@ -9,25 +9,54 @@
 
 namespace dsv41::model {
 
-struct CudaModel::Impl : cuda::Impl {};
+struct CudaModel::Impl : cuda::Impl {
+  // Device memory of pooled states (the server's StatePool upstream); declared here so it is
+  // destroyed before the base's stream.
+  std::unique_ptr<cuda::StreamStateMemory> state_memory;
+  // The scheduler runs the model from its own thread: the model's device must be current there.
+  void use_device() const { ops::gpu::check_cuda(cudaSetDevice(opts.device), "cudaSetDevice"); }
+};
 
 CudaModel::CudaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaModel::~CudaModel() = default;
+cuda::Impl& CudaModel::engine() const { return *impl_; }
 
 std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaModelOptions& opts) {
+  // Name the flag when there is no GPU to run on (driver missing or too old, none visible).
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("--device cuda: no usable CUDA device ({})", cudaGetErrorString(e));
+  }
+  if (opts.device < 0 || opts.device >= devices)
+    fail("--device cuda: CUDA device {} is not visible ({} device(s); CUDA_VISIBLE_DEVICES, driver)", opts.device,
+         devices);
   auto impl = std::make_unique<Impl>();
   impl->opts = opts;
   impl->load(dir);
+  impl->state_memory = std::make_unique<cuda::StreamStateMemory>(opts.device, impl->stream);
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
 
 const ModelConfig& CudaModel::config() const { return impl_->cfg; }
-std::unique_ptr<SeqState> CudaModel::new_sequence() const { return impl_->make_state(); }
+std::unique_ptr<SeqState> CudaModel::new_sequence() const {
+  impl_->use_device();
+  return impl_->make_state();
+}
+std::unique_ptr<SeqState> CudaModel::new_sequence(std::pmr::memory_resource& memory, int64_t capacity_tokens) const {
+  impl_->use_device();
+  return impl_->make_state(&memory, capacity_tokens);
+}
+void CudaModel::reserve_sequence(SeqState& state, int64_t capacity_tokens) const {
+  impl_->use_device();
+  impl_->reserve_state(impl_->state_of(state), capacity_tokens);
+}
+int64_t CudaModel::state_bytes(int64_t capacity_tokens) const { return impl_->state_bytes(capacity_tokens); }
+std::pmr::memory_resource& CudaModel::state_memory() const { return *impl_->state_memory; }
 int64_t CudaModel::max_context() const { return impl_->max_context; }
 
-CudaMemoryBreakdown CudaModel::memory() const {
-  return {impl_->weight_bytes, impl_->state_bytes(), static_cast<int64_t>(impl_->sc.arena.bytes())};
-}
+CudaMemoryBreakdown CudaModel::memory() const { return impl_->memory_breakdown(); }
 
 void CudaModel::forward_sequence(SeqState& state, std::span<const int32_t> tokens, bool all_logits,
                                  std::vector<float>* logits, BlockDump* dump) {
@@ -35,6 +64,7 @@ void CudaModel::forward_sequence(SeqState& state, std::span<const int32_t> token
 }
 
 void CudaModel::forward(std::span<ForwardItem> batch) {
+  impl_->use_device();
   for (ForwardItem& it : batch) {
     DSV_CHECK(it.state != nullptr, "forward: item without a sequence state");
     forward_sequence(*it.state, it.tokens, it.all_logits, it.logits);
@@ -57,6 +87,12 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string&, const CudaModelOp
 }
 const ModelConfig& CudaModel::config() const { fail("CUDA model: built without CUDA"); }
 std::unique_ptr<SeqState> CudaModel::new_sequence() const { fail("CUDA model: built without CUDA"); }
+std::unique_ptr<SeqState> CudaModel::new_sequence(std::pmr::memory_resource&, int64_t) const {
+  fail("CUDA model: built without CUDA");
+}
+void CudaModel::reserve_sequence(SeqState&, int64_t) const { fail("CUDA model: built without CUDA"); }
+int64_t CudaModel::state_bytes(int64_t) const { fail("CUDA model: built without CUDA"); }
+std::pmr::memory_resource& CudaModel::state_memory() const { fail("CUDA model: built without CUDA"); }
 int64_t CudaModel::max_context() const { return 0; }
 CudaMemoryBreakdown CudaModel::memory() const { return {}; }
 void CudaModel::forward_sequence(SeqState&, std::span<const int32_t>, bool, std::vector<float>*, BlockDump*) {

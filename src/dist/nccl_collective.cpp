@@ -57,12 +57,14 @@ class NcclCollective final : public Collective {
       off += counts[r];
     }
     check_nccl(ncclGroupEnd(), "group end");
+    wait_enqueued("all_gather");
     wait_stream("all_gather");
   }
 
   void all_reduce_sum(float* data, size_t n) override {
     if (n == 0) return;
     check_nccl(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_), "all_reduce");
+    wait_enqueued("all_reduce");
     wait_stream("all_reduce");
   }
 
@@ -84,24 +86,36 @@ class NcclCollective final : public Collective {
       }
     }
   }
+  // A non-blocking communicator may return from a call (ncclInProgress) before the operation is
+  // on the stream; until the communicator reports success the stream can look idle.
+  void wait_enqueued(const char* what) {
+    DSV_CHECK(comm_ != nullptr, "tensor-parallel {}: the NCCL communicator was aborted", what);
+    wait_comm(what);
+  }
   void wait_comm(const char* what) {
-    while (true) {
+    for (int i = 0;; ++i) {
       ncclResult_t st = ncclInProgress;
       ncclCommGetAsyncError(comm_, &st);
       if (st == ncclSuccess) return;
       poll_abort(what);
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      backoff(i);
     }
   }
   void wait_stream(const char* what) {
     DSV_CHECK(comm_ != nullptr, "tensor-parallel {}: the NCCL communicator was aborted", what);
-    while (true) {
+    for (int i = 0;; ++i) {
       const cudaError_t e = cudaStreamQuery(stream_);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) check_cuda(e, what);
       poll_abort(what);
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      backoff(i);
     }
+  }
+  // A decode step's collectives take microseconds: spin first (a sleep costs ~100 µs or more
+  // on some kernels), then sleep so a long wait (prefill, a slow peer) does not burn a core.
+  static void backoff(int i) {
+    if (i < 2000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 
   int rank_, world_;

@@ -23,6 +23,7 @@ enum MsgType : uint32_t {
   kWorkerError = 8,  // worker -> head: a plan failed (the worker then drops the session)
   kGoodbye = 9,    // head -> worker: session over, wait for the next head
   kExit = 10,      // head -> worker: exit the process
+  kLoadFailed = 11,  // worker -> head: it cannot load its share (reason); the worker then exits
 };
 
 struct Identity {

@@ -187,6 +187,13 @@ void TpHead::reader_loop(std::shared_ptr<Link> l) {
         cv_.notify_all();
       } else if (f.type == kWorkerError) {
         mark_dead(l, "the worker failed a step: " + std::string(f.payload.begin(), f.payload.end()));
+      } else if (f.type == kLoadFailed) {
+        const std::string msg(f.payload.begin(), f.payload.end());
+        {
+          std::lock_guard lk(mu_);
+          l->load_error = msg;
+        }
+        mark_dead(l, "the worker cannot load its share of the model: " + msg);
       }
     }
   } catch (const std::exception& e) {
@@ -277,6 +284,13 @@ void TpHead::wait_ready(double timeout_s) {
   auto next_log = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   std::unique_lock lk(mu_);
   while (true) {
+    // A worker that cannot load (bad path, missing shard, out of memory) has exited: waiting out
+    // the timeout would only delay its message. A later link for that rank replaces this one.
+    for (size_t r = 1; r < links_.size(); ++r) {
+      const auto& l = links_[r];
+      if (l && l->dead && !l->load_error.empty())
+        fail("tensor parallel: rank {} failed while loading its share of the model: {}", r, l->load_error);
+    }
     int missing = -1;
     for (size_t r = 1; r < links_.size() && missing < 0; ++r) {
       const auto& l = links_[r];

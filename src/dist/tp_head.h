@@ -32,7 +32,8 @@ class TpHead {
   // Marks the current epoch broken (after a step failed half-way): workers are sent GOODBYE so
   // they drop their state and rejoin.
   void break_epoch(int rank, const std::string& reason);
-  // Blocks until all ranks are ready (or throws after timeout_s).
+  // Blocks until all ranks are ready; throws after timeout_s, or at once when a worker reports
+  // that it cannot load its share (with its message).
   void wait_ready(double timeout_s);
   std::string unavailable_reason() const;
 
@@ -45,6 +46,7 @@ class TpHead {
     std::atomic<int64_t> last_seen_ms{0};
     std::atomic<bool> ready{false}, dead{false};
     std::string dead_reason;  // under TpHead::mu_
+    std::string load_error;   // under TpHead::mu_: the worker reported it cannot load its share
     std::thread reader;
   };
 

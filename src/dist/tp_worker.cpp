@@ -248,7 +248,16 @@ int run_worker(const TpWorkerOptions& o) {
         }
       }
     } catch (const std::exception& e) {
-      if (!model) throw;  // this rank cannot load its share: a configuration error, not a lost link
+      if (!model) {
+        // This rank cannot load its share: a configuration error, not a lost link. Rank 0 is told
+        // so that it fails at once with this message instead of waiting for a ready that never comes.
+        const std::string msg = e.what();
+        try {
+          ses.send(kLoadFailed, std::vector<uint8_t>(msg.begin(), msg.end()));
+        } catch (const std::exception&) {
+        }
+        throw;
+      }
       spdlog::warn("rank {}: session {} ended: {}", o.rank, session, e.what());
     }
     tcp->set_abort_check(nullptr);

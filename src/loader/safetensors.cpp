@@ -17,6 +17,7 @@
 
 #include "dsv41/common/error.h"
 #include "dsv41/common/numeric.h"
+#include "dsv41/common/parallel.h"
 
 namespace dsv41 {
 
@@ -288,24 +289,28 @@ std::vector<float> tensor_to_f32(const TensorInfo& t) {
   std::vector<float> out(static_cast<size_t>(n));
   const uint8_t* d = t.data;
   DSV_ASSERT(d != nullptr, "tensor {} has no data", t.name);
-  for (int64_t i = 0; i < n; ++i) {
-    float v = 0;
-    switch (t.dtype) {
-      case DType::BF16: { uint16_t x; std::memcpy(&x, d + 2 * i, 2); v = bf16_bits_to_f32(x); break; }
-      case DType::F16: { uint16_t x; std::memcpy(&x, d + 2 * i, 2); v = f16_bits_to_f32(x); break; }
-      case DType::F32: std::memcpy(&v, d + 4 * i, 4); break;
-      case DType::F64: { double x; std::memcpy(&x, d + 8 * i, 8); v = static_cast<float>(x); break; }
-      case DType::I8: v = static_cast<int8_t>(d[i]); break;
-      case DType::U8: case DType::BOOL: v = d[i]; break;
-      case DType::I16: { int16_t x; std::memcpy(&x, d + 2 * i, 2); v = x; break; }
-      case DType::I32: { int32_t x; std::memcpy(&x, d + 4 * i, 4); v = static_cast<float>(x); break; }
-      case DType::I64: { int64_t x; std::memcpy(&x, d + 8 * i, 8); v = static_cast<float>(x); break; }
-      case DType::F8_E4M3: v = e4m3_to_f32(d[i]); break;
-      case DType::F8_E5M2: v = e5m2_to_f32(d[i]); break;
-      case DType::F8_E8M0: v = e8m0_to_f32(d[i]); break;
+  // Element-wise, so any split gives the same values; in parallel because load-time widening of
+  // large dense tensors is on the start-up path.
+  parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float v = 0;
+      switch (t.dtype) {
+        case DType::BF16: { uint16_t x; std::memcpy(&x, d + 2 * i, 2); v = bf16_bits_to_f32(x); break; }
+        case DType::F16: { uint16_t x; std::memcpy(&x, d + 2 * i, 2); v = f16_bits_to_f32(x); break; }
+        case DType::F32: std::memcpy(&v, d + 4 * i, 4); break;
+        case DType::F64: { double x; std::memcpy(&x, d + 8 * i, 8); v = static_cast<float>(x); break; }
+        case DType::I8: v = static_cast<int8_t>(d[i]); break;
+        case DType::U8: case DType::BOOL: v = d[i]; break;
+        case DType::I16: { int16_t x; std::memcpy(&x, d + 2 * i, 2); v = x; break; }
+        case DType::I32: { int32_t x; std::memcpy(&x, d + 4 * i, 4); v = static_cast<float>(x); break; }
+        case DType::I64: { int64_t x; std::memcpy(&x, d + 8 * i, 8); v = static_cast<float>(x); break; }
+        case DType::F8_E4M3: v = e4m3_to_f32(d[i]); break;
+        case DType::F8_E5M2: v = e5m2_to_f32(d[i]); break;
+        case DType::F8_E8M0: v = e8m0_to_f32(d[i]); break;
+      }
+      out[static_cast<size_t>(i)] = v;
     }
-    out[static_cast<size_t>(i)] = v;
-  }
+  }, int64_t{1} << 16);
   return out;
 }
 

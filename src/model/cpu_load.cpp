@@ -3,6 +3,7 @@
 // ratio>1 compressor weights and the head/Markov/confidence weights widened to fp32 (exact).
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "dsv41/common/error.h"
@@ -73,14 +74,14 @@ void CpuModel::Impl::load_block(BlockWeights& b, const std::string& prefix, int6
           load_linear(ck, ap + ".wo_a.slice." + std::to_string(g), in_g, c.o_lora_rank, LinearKind::kBF16));
   } else {
     // The reference dequantises wo_a to BF16 and runs it as a grouped BF16 matmul (a BF16, F16 or
-    // F32 wo_a is used as stored).
-    std::vector<float> w = load_dense_weight(ck, ap + ".wo_a", in_g, c.o_groups * c.o_lora_rank);
-    if (ck.get(ap + ".wo_a.weight").dtype == DType::F8_E4M3)
-      for (float& f : w) f = bf16_round(f);
-    const int64_t per = c.o_lora_rank * in_g;
-    for (int64_t g = 0; g < c.o_groups; ++g)
-      a.wo_a.push_back(make_dense_linear(std::vector<float>(w.begin() + g * per, w.begin() + (g + 1) * per), in_g,
-                                         c.o_lora_rank));
+    // F32 wo_a is used as stored). Group g is rows [g·R, (g+1)·R) of the stored matrix.
+    const bool fp8 = ck.get(ap + ".wo_a.weight").dtype == DType::F8_E4M3;
+    const int64_t R = c.o_lora_rank;
+    for (int64_t g = 0; g < c.o_groups; ++g) {
+      std::vector<float> w = load_dense_weight_rows(ck, ap + ".wo_a", in_g, c.o_groups * R, g * R, (g + 1) * R);
+      if (fp8) round_to_bf16(w);
+      a.wo_a.push_back(make_dense_linear(std::move(w), in_g, R));
+    }
   }
   if (!is_dspark && c.is_kv_source(layer)) {
     const LinearKind k = b.ratio > 1 ? LinearKind::kF32 : LinearKind::kBF16;
@@ -135,6 +136,10 @@ void CpuModel::Impl::load_block(BlockWeights& b, const std::string& prefix, int6
 }
 
 void CpuModel::Impl::load(const std::string& dir) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   cfg = load_model_config(dir + "/config.json");
   const auto problems = validate_config(cfg);
   if (!problems.empty())
@@ -180,8 +185,10 @@ void CpuModel::Impl::load(const std::string& dir) {
   }
   final_norm = load_f32(*ckpt, "norm.weight", {c.hidden_size});
   blocks.resize(static_cast<size_t>(c.num_hidden_layers));
+  const auto t_layers = std::chrono::steady_clock::now();
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     load_block(blocks[static_cast<size_t>(l)], "layers." + std::to_string(l), l, false);
+  const double layers_s = seconds_since(t_layers);
 
   engram_hash = build_engram_hashes(c);
   // Table rows: a store handed in by the caller, else one opened from the storage options
@@ -225,7 +232,10 @@ void CpuModel::Impl::load(const std::string& dir) {
     if (exl3::is_exl3_linear(*ckpt, ch)) dspark_head.confidence_linear = load_linear(*ckpt, ch, dim + rank, 1);
     else dspark_head.confidence = load_f32(*ckpt, ch + ".weight", {1, dim + rank});
   }
-  spdlog::debug("cpu model loaded: {} layers, {} DSpark stages", blocks.size(), dspark.size());
+  // Start-up phases (issue 11): the backbone layers dominate; the rest is Engram, token map, DSpark.
+  spdlog::info("cpu model loaded in {:.2f} s: {} layers {:.2f} s ({:.3f} s per layer), {} DSpark stages",
+               seconds_since(t_start), blocks.size(), layers_s,
+               blocks.empty() ? 0.0 : layers_s / static_cast<double>(blocks.size()), dspark.size());
 }
 
 }  // namespace dsv41::model

@@ -25,10 +25,20 @@ const std::array<float, 256>& e4m3_table() {
   return t;
 }
 
-std::vector<float> e8m0_to_floats(const TensorInfo& t) {
-  std::vector<float> s(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < s.size(); ++i) s[i] = e8m0_to_f32(t.data[i]);
-  return s;
+// Block scales stay the stored E8M0 bytes (memory-mapped) and are widened through this table at
+// use: the same float as converting at load, without expanding ~0.4 G scales per layer.
+const std::array<float, 256>& e8m0_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int i = 0; i < 256; ++i) a[i] = e8m0_to_f32(static_cast<uint8_t>(i));
+    return a;
+  }();
+  return t;
+}
+
+// Rows per parallel_for task in the load-time conversions (large enough to amortise the dispatch).
+int64_t rows_per_task(int64_t row_elems) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, row_elems));
 }
 
 void check_shape(const TensorInfo& t, std::vector<int64_t> want) {
@@ -68,7 +78,7 @@ class Lin8 final : public Linear {
     check_shape(w, {out, in});
     check_shape(s, {(out + 31) / 32, (in + 31) / 32});
     DSV_CHECK(in % 32 == 0, "tensor {}: in_features {} is not a multiple of 32", w.name, in);
-    scales_ = e8m0_to_floats(s);
+    scales_ = s.data;
     bytes_ = w.nbytes + s.nbytes;
   }
   int64_t in_features() const override { return in_; }
@@ -76,19 +86,20 @@ class Lin8 final : public Linear {
   uint64_t weight_bytes() const override { return bytes_; }
   void forward(const float* x, int64_t m, float* y) const override {
     const auto& lut = e4m3_table();
+    const auto& scale_of = e8m0_table();
     const int64_t nb = in_ / 32;
     block_scaled_forward(x, m, y, in_, out_, [&](int64_t o, int64_t kb, const float* xq) {
       const uint8_t* w = codes_ + o * in_ + kb * 32;
       float part = 0.0f;
       for (int i = 0; i < 32; ++i) part += xq[i] * lut[w[i]];
-      return std::pair{part, scales_[(o / 32) * nb + kb]};
+      return std::pair{part, scale_of[scales_[(o / 32) * nb + kb]]};
     });
   }
 
  private:
   int64_t in_, out_;
   const uint8_t* codes_;
-  std::vector<float> scales_;
+  const uint8_t* scales_;  // E8M0 bytes, [ceil(out/32), in/32]
   uint64_t bytes_ = 0;
 };
 
@@ -98,13 +109,14 @@ class Lin4 final : public Linear {
     DSV_CHECK(in % 32 == 0, "tensor {}: in_features {} is not a multiple of 32", w.name, in);
     check_shape(w, {out, in / 2});
     check_shape(s, {out, in / 32});
-    scales_ = e8m0_to_floats(s);
+    scales_ = s.data;
     bytes_ = w.nbytes + s.nbytes;
   }
   int64_t in_features() const override { return in_; }
   int64_t out_features() const override { return out_; }
   uint64_t weight_bytes() const override { return bytes_; }
   void forward(const float* x, int64_t m, float* y) const override {
+    const auto& scale_of = e8m0_table();
     const int64_t nb = in_ / 32;
     block_scaled_forward(x, m, y, in_, out_, [&](int64_t o, int64_t kb, const float* xq) {
       const uint8_t* w = packed_ + o * (in_ / 2) + kb * 16;
@@ -113,14 +125,14 @@ class Lin4 final : public Linear {
         part += xq[2 * i] * e2m1_to_f32(w[i] & 0xF);
         part += xq[2 * i + 1] * e2m1_to_f32(w[i] >> 4);
       }
-      return std::pair{part, scales_[o * nb + kb]};
+      return std::pair{part, scale_of[scales_[o * nb + kb]]};
     });
   }
 
  private:
   int64_t in_, out_;
   const uint8_t* packed_;
-  std::vector<float> scales_;
+  const uint8_t* scales_;  // E8M0 bytes, [out, in/32]
   uint64_t bytes_ = 0;
 };
 
@@ -152,22 +164,48 @@ class LinDense final : public Linear {
 }  // namespace
 
 std::vector<float> load_dense_weight(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out) {
+  return load_dense_weight_rows(ckpt, prefix, in, out, 0, out);
+}
+
+std::vector<float> load_dense_weight_rows(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
+                                          int64_t row_begin, int64_t row_end) {
   const TensorInfo& w = ckpt.get(prefix + ".weight");
   check_shape(w, {out, in});
+  DSV_CHECK(row_begin >= 0 && row_begin <= row_end && row_end <= out, "{}: row slice [{}, {}) of {} rows", prefix,
+            row_begin, row_end, out);
+  const int64_t rows = row_end - row_begin;
   if (w.dtype == DType::F8_E4M3) {
     const TensorInfo& s = ckpt.get(prefix + ".scale");
     check_shape(s, {(out + 31) / 32, (in + 31) / 32});
     const int64_t nb = (in + 31) / 32;
-    std::vector<float> v(static_cast<size_t>(out * in));
-    for (int64_t o = 0; o < out; ++o)
-      for (int64_t k = 0; k < in; ++k)
-        v[o * in + k] = e4m3_to_f32(w.data[o * in + k]) * e8m0_to_f32(s.data[(o / 32) * nb + k / 32]);
+    const auto& code = e4m3_table();
+    const auto& scale = e8m0_table();
+    std::vector<float> v(static_cast<size_t>(rows * in));
+    parallel_for(rows, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t o = row_begin + r;
+        for (int64_t k = 0; k < in; ++k)
+          v[r * in + k] = code[w.data[o * in + k]] * scale[s.data[(o / 32) * nb + k / 32]];
+      }
+    }, rows_per_task(in));
     return v;
   }
   DSV_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F32 || w.dtype == DType::F16,
             "tensor {}: unsupported dtype {} for a dense weight (expected F8_E4M3, BF16, F16 or F32)", w.name,
             dtype_name(w.dtype));
-  return tensor_to_f32(w);
+  if (rows == out) return tensor_to_f32(w);
+  const int64_t row_bytes = in * static_cast<int64_t>(dtype_size(w.dtype));
+  TensorInfo part = w;
+  part.shape[0] = rows;
+  part.data = w.data + row_begin * row_bytes;
+  part.nbytes = static_cast<uint64_t>(rows * row_bytes);
+  return tensor_to_f32(part);
+}
+
+void round_to_bf16(std::vector<float>& v) {
+  parallel_for(static_cast<int64_t>(v.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) v[static_cast<size_t>(i)] = bf16_round(v[static_cast<size_t>(i)]);
+  }, int64_t{1} << 16);
 }
 
 std::unique_ptr<Linear> make_dense_linear(std::vector<float> w, int64_t in, int64_t out) {
@@ -177,14 +215,13 @@ std::unique_ptr<Linear> make_dense_linear(std::vector<float> w, int64_t in, int6
 
 namespace {
 
-// The dense fp32 values a plain linear holds after loading.
+// The dense fp32 values of rows [row_begin, row_end) of a plain linear after loading.
 std::vector<float> dense_values(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
-                                LinearKind kind) {
-  std::vector<float> v = load_dense_weight(ckpt, prefix, in, out);
+                                LinearKind kind, int64_t row_begin, int64_t row_end) {
+  std::vector<float> v = load_dense_weight_rows(ckpt, prefix, in, out, row_begin, row_end);
   // Only a dequantised FP8 weight needs rounding to reach the BF16 values the reference holds;
   // BF16, F16 (EXL3's unquantized linears) and F32 weights are used exactly as stored.
-  if (kind == LinearKind::kBF16 && ckpt.get(prefix + ".weight").dtype == DType::F8_E4M3)
-    for (float& f : v) f = bf16_round(f);
+  if (kind == LinearKind::kBF16 && ckpt.get(prefix + ".weight").dtype == DType::F8_E4M3) round_to_bf16(v);
   return v;
 }
 
@@ -198,7 +235,7 @@ std::unique_ptr<Linear> load_linear(const Checkpoint& ckpt, const std::string& p
     return std::make_unique<Lin8>(w, ckpt.get(prefix + ".scale"), in, out);
   if (kind == LinearKind::kAuto && w.dtype == DType::I8)
     return std::make_unique<Lin4>(w, ckpt.get(prefix + ".scale"), in, out);
-  return std::make_unique<LinDense>(dense_values(ckpt, prefix, in, out, kind), in, out, w.nbytes);
+  return std::make_unique<LinDense>(dense_values(ckpt, prefix, in, out, kind, 0, out), in, out, w.nbytes);
 }
 
 namespace {
@@ -259,9 +296,8 @@ std::unique_ptr<Linear> load_linear_rows(const Checkpoint& ckpt, const std::stri
     return std::make_unique<Lin4>(row_view(w, row_begin, rows, in / 2), row_view(s, row_begin, rows, in / 32), in,
                                   rows);
   }
-  std::vector<float> v = dense_values(ckpt, prefix, in, out, kind);
-  std::vector<float> part(v.begin() + row_begin * in, v.begin() + row_end * in);
-  return std::make_unique<LinDense>(std::move(part), in, rows, w.nbytes / static_cast<uint64_t>(out) * rows);
+  return std::make_unique<LinDense>(dense_values(ckpt, prefix, in, out, kind, row_begin, row_end), in, rows,
+                                    w.nbytes / static_cast<uint64_t>(out) * rows);
 }
 
 void linear_bf16(const Linear& lin, const float* x, int64_t m, float* y) {

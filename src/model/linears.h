@@ -38,6 +38,12 @@ std::unique_ptr<Linear> load_linear_rows(const Checkpoint& ckpt, const std::stri
 // Dense fp32 copy of a stored weight [out,in] (BF16, F16, F32, or FP8 with block scales dequantised).
 std::vector<float> load_dense_weight(const Checkpoint& ckpt, const std::string& prefix, int64_t in,
                                      int64_t out);
+// Rows [row_begin, row_end) of load_dense_weight's result, converting only those rows.
+std::vector<float> load_dense_weight_rows(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
+                                          int64_t row_begin, int64_t row_end);
+
+// Rounds every value to the nearest bf16 (RNE) in place, in parallel (load-time conversion).
+void round_to_bf16(std::vector<float>& v);
 
 // A linear over an in-memory dense fp32 weight (values already rounded as the reference holds them).
 std::unique_ptr<Linear> make_dense_linear(std::vector<float> w, int64_t in, int64_t out);

@@ -17,7 +17,7 @@ int64_t compressor_step(const CompressorWeights& w, CompressorState& st, const C
                         int64_t n, int64_t start, cudaStream_t s) {
   DSV_CHECK(w.ratio >= 1 && w.ratio <= 16, "compressor: ratio {} outside 1..16", w.ratio);
   DSV_CHECK(n >= 0 && n <= sc.max_tokens, "compressor: {} tokens exceed the scratch capacity {}", n, sc.max_tokens);
-  DSV_CHECK(w.wkv && w.norm && w.freqs && (w.ratio == 1 || w.wgate), "compressor: weights missing");
+  DSV_CHECK(w.norm && w.freqs && (w.projected || (w.wkv && (w.ratio == 1 || w.wgate))), "compressor: weights missing");
   DSV_CHECK(w.rope_dim <= w.hd && (!w.i_wk || (w.i_k_norm && w.rope_dim <= w.ihd && st.index_keys)),
             "compressor: rope_dim {} / index-key setup inconsistent", w.rope_dim);
   DSV_CHECK(st.compressed && sc.latent && sc.work && (w.ratio == 1 || (sc.a && sc.g && st.carry_kv && st.carry_score)),
@@ -37,20 +37,24 @@ int64_t compressor_step(const CompressorWeights& w, CompressorState& st, const C
   lin.m = n;
   lin.y_stride = hd;
   if (w.ratio == 1) {
-    lin.w = w.wkv;
-    lin.wt = w.wkv_type;
-    lin.y = sc.latent;
-    lin.round_bf16 = true;
-    lin_dense(lin, s);
+    if (!w.projected) {
+      lin.w = w.wkv;
+      lin.wt = w.wkv_type;
+      lin.y = sc.latent;
+      lin.round_bf16 = true;
+      lin_dense(lin, s);
+    }
   } else {
-    lin.round_bf16 = false;
-    lin.wt = DenseType::F32;
-    lin.w = w.wkv;
-    lin.y = sc.a;
-    lin_dense(lin, s);
-    lin.w = w.wgate;
-    lin.y = sc.g;
-    lin_dense(lin, s);
+    if (!w.projected) {
+      lin.round_bf16 = false;
+      lin.wt = DenseType::F32;
+      lin.w = w.wkv;
+      lin.y = sc.a;
+      lin_dense(lin, s);
+      lin.w = w.wgate;
+      lin.y = sc.g;
+      lin_dense(lin, s);
+    }
     CompressPoolArgs pa;
     pa.av = sc.a;
     pa.gv = sc.g;
@@ -89,7 +93,7 @@ int64_t compressor_step(const CompressorWeights& w, CompressorState& st, const C
     const int64_t ihd = w.ihd;
     DenseArgs k;
     k.w = w.i_wk;
-    k.wt = DenseType::BF16;
+    k.wt = w.i_wk_type;
     k.in = hd;
     k.out = ihd;
     k.x = sc.latent;

@@ -242,5 +242,20 @@ void fill_pointers(const FillPointersArgs& a, cudaStream_t s) {
   launched(raw::fill_pointers(a, s), "fill_pointers launch");
 }
 
+void stream_mean(const StreamMeanArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.n >= 0 && a.hc >= 1 && a.dim >= 1 && a.out_stride >= a.dim, "stream_mean: n={} hc={} dim={} out_stride={}",
+            a.n, a.hc, a.dim, a.out_stride);
+  DSV_CHECK(a.n == 0 || (a.h && a.out), "stream_mean: h and out must be device pointers");
+  launched(raw::stream_mean(a, s), "stream_mean launch");
+}
+
+void markov_bias(const MarkovBiasArgs& a, cudaStream_t s) {
+  // The rows' embedding vectors are staged in 48 KiB of shared memory (8 rows per block).
+  DSV_CHECK(a.rows >= 0 && a.vocab >= 1 && a.rank >= 1 && a.rank <= 1536 && a.logits_stride >= a.vocab,
+            "markov_bias: rows={} vocab={} rank={} (1..1536) logits_stride={}", a.rows, a.vocab, a.rank, a.logits_stride);
+  DSV_CHECK(a.rows == 0 || (a.logits && a.head_t && a.embed && a.ids), "markov_bias: all pointers must be device pointers");
+  launched(raw::markov_bias(a, s), "markov_bias launch");
+}
+
 }  // namespace dsv41::ops::gpu
 #endif

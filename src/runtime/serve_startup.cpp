@@ -8,6 +8,10 @@
 #include "dsv41/common/error.h"
 #include "dsv41/runtime/progress.h"
 
+#if DSV41_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace dsv41::runtime {
 
 uint64_t checkpoint_weight_bytes(const Checkpoint& ck) {
@@ -35,6 +39,91 @@ std::vector<BudgetItem> serve_budget_items(const ModelConfig& c, const ServeMemo
       {budget_item::kNcclBuffers, 0},
       {budget_item::kEngramCache, gib_to_bytes(p.engram_cache_gib, "--engram-cache-gib")},
   };
+}
+
+int cuda_device_count(std::string* why) {
+#if DSV41_HAS_CUDA
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")";
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA device is visible (CUDA_VISIBLE_DEVICES, driver)";
+  return n;
+#else
+  if (why) *why = "this dsv41-serve was built without CUDA (configure with -DDSV41_CUDA=ON)";
+  return 0;
+#endif
+}
+
+CudaDeviceInfo cuda_device_info(int device) {
+#if DSV41_HAS_CUDA
+  cudaDeviceProp prop{};
+  cudaError_t e = cudaGetDeviceProperties(&prop, device);
+  if (e != cudaSuccess) fail("CUDA device {}: cannot read its properties ({})", device, cudaGetErrorString(e));
+  CudaDeviceInfo info;
+  info.name = prop.name;
+  info.integrated = prop.integrated != 0;
+  // cudaMemGetInfo reports the current device's memory: make `device` current (the engine uses it).
+  e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaMemGetInfo(reinterpret_cast<size_t*>(&info.free_bytes), reinterpret_cast<size_t*>(&info.total_bytes));
+  if (e != cudaSuccess) fail("CUDA device {}: cannot read its free memory ({})", device, cudaGetErrorString(e));
+  return info;
+#else
+  fail("CUDA device {}: this dsv41-serve was built without CUDA", device);
+#endif
+}
+
+MemorySource cuda_memory_source(int device) {
+  const CudaDeviceInfo info = cuda_device_info(device);
+  if (info.integrated) return meminfo_source();
+  return device_memory_source([device] { return cuda_device_info(device).free_bytes; },
+                              "CUDA device " + std::to_string(device) + " (" + info.name + ") free memory");
+}
+
+uint64_t cuda_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens, int64_t max_context) {
+  DSV_CHECK(chunk_tokens >= 1 && max_context >= 1, "CUDA scratch: chunk {} and context {} must be positive",
+            chunk_tokens, max_context);
+  const int64_t m = chunk_tokens, dim = c.hidden_size, hc = c.hc_mult, hd = c.head_dim, ihd = c.index_head_dim;
+  const int64_t H = c.num_attention_heads, IH = c.index_n_heads, GR = c.o_groups * c.o_lora_rank;
+  const int64_t inter = c.moe_intermediate_size, K = c.num_experts_per_tok, E = c.n_routed_experts;
+  const int64_t edim = c.n_engram_columns() * c.engram_head_dim, tk = std::max<int64_t>(1, c.index_topk);
+  int64_t min_ratio = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (c.ratio(l) > 0 && (min_ratio == 0 || c.ratio(l) < min_ratio)) min_ratio = c.ratio(l);
+  const int64_t t_max = min_ratio > 0 ? std::max<int64_t>(1, max_context / min_ratio) : 1;
+  // fp32 values per token of a pass: residual streams and mixes, attention (queries, outputs,
+  // compressor rows, indexer queries and score row), MoE (routing, expert and shared
+  // activations), Engram rows and the logits row; then int32 lists and the bytes of the
+  // quantised activation codes with their scales.
+  const int64_t floats = hc * dim + hc + 4 * dim + 2 * (2 + hc) * hc + c.q_lora_rank + 2 * H * hd + GR + 5 * hd + ihd +
+                         IH * ihd + IH + t_max + K + 2 * E + 3 * K * inter + K * dim + 2 * inter + edim +
+                         (hc + 1) * dim + edim + c.vocab_size;
+  const int64_t ints = tk + c.sliding_window + tk + K + std::max<int64_t>(1, c.n_engram_columns()) + 1 + 2 * 2;
+  const int64_t max_in = std::max({dim, c.q_lora_rank, GR, inter, edim, H * hd, hd, K * inter});
+  const int64_t codes = max_in + max_in / 32 * 4 + 4;
+  const int64_t bf16 = 2 * hd + (c.sliding_window + 1) * hd * 2 / m + 2 * hd;
+  const int64_t per_token = 4 * floats + 4 * ints + codes + bf16;
+  constexpr int64_t kPieces = 64, kAlign = 256;  // each buffer rounds up to 256 bytes
+  return static_cast<uint64_t>(m * per_token + kPieces * kAlign);
+}
+
+std::vector<BudgetItem> cuda_serve_budget_items(const ModelConfig& c, const ServeMemoryPlan& p, int64_t chunk_tokens,
+                                                int64_t max_context, bool unified) {
+  return {
+      {budget_item::kWeights, p.weight_bytes},
+      {budget_item::kSequenceStatePool, gib_to_bytes(p.kv_cache_gib, "--kv-cache-gib")},
+      {budget_item::kWorkspaces, cuda_scratch_bytes(c, chunk_tokens, max_context)},
+      {budget_item::kCudaGraphs, 0},
+      {budget_item::kNcclBuffers, 0},
+      {budget_item::kEngramCache, unified ? gib_to_bytes(p.engram_cache_gib, "--engram-cache-gib") : 0},
+  };
+}
+
+std::vector<BudgetItem> cuda_host_budget_items(const ServeMemoryPlan& p) {
+  return {{budget_item::kEngramCache, gib_to_bytes(p.engram_cache_gib, "--engram-cache-gib")}};
 }
 
 uint64_t preload_weights(const Checkpoint& ck) {

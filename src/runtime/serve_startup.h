@@ -9,6 +9,7 @@
 #include "dsv41/config/model_config.h"
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/runtime/memory_budget.h"
+#include "dsv41/runtime/memory_source.h"
 
 namespace dsv41::runtime {
 
@@ -30,6 +31,38 @@ uint64_t checkpoint_weight_bytes(const Checkpoint& ck);
 // NCCL buffers (none on the CPU backend: listed as 0 so the table has the same rows everywhere),
 // Engram cache.
 std::vector<BudgetItem> serve_budget_items(const ModelConfig& cfg, const ServeMemoryPlan& p);
+
+// ---- the CUDA engine (--device cuda) ----
+
+// CUDA devices this process can use: 0 when the build has no CUDA or no device answers (then
+// `why`, when given, says which).
+int cuda_device_count(std::string* why = nullptr);
+
+struct CudaDeviceInfo {
+  std::string name;
+  uint64_t free_bytes = 0, total_bytes = 0;
+  bool integrated = false;  // shares system memory with the CPU (DGX Spark): MemAvailable is the truth
+};
+// Throws dsv41::Error when the device cannot be queried (or the build has no CUDA).
+CudaDeviceInfo cuda_device_info(int device);
+
+// What "available" means for a CUDA engine: the device's free memory (cudaMemGetInfo) on a
+// discrete GPU; MemAvailable where the GPU shares system memory.
+MemorySource cuda_memory_source(int device);
+
+// Device bytes of the CUDA model's scratch arena for `chunk_tokens` tokens per pass and contexts up
+// to `max_context` (an upper estimate of src/cuda_model alloc_scratch: the forward's activations,
+// the indexer's score rows and one logits row per token).
+uint64_t cuda_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens, int64_t max_context);
+
+// The budget table's items for the CUDA engine on one device: all weights (uploaded once), the
+// sequence-state pool (device memory), the scratch arena as workspaces, CUDA graphs and NCCL
+// buffers (none yet: 0). The Engram row cache is host memory: it is an item here only when
+// `unified` (one memory for both), otherwise cuda_host_budget_items() holds it.
+std::vector<BudgetItem> cuda_serve_budget_items(const ModelConfig& cfg, const ServeMemoryPlan& p, int64_t chunk_tokens,
+                                                int64_t max_context, bool unified);
+// Host-side items of a CUDA engine on a discrete GPU (checked against MemAvailable).
+std::vector<BudgetItem> cuda_host_budget_items(const ServeMemoryPlan& p);
 
 // Reads every page of the weight tensors once (not the Engram tables) so the first request does
 // not fault them in from disk; reports progress ("loading weights", bytes) and returns the bytes

@@ -33,7 +33,7 @@ Scheduler::Scheduler(Model& model, const SchedulerOptions& o, spec::SpecBackend*
       spec_(spec),
       opt_(o),
       bytes_(state_bytes(model.config())),
-      pool_(static_cast<int64_t>(o.kv_cache_gib * 1024.0 * 1024.0 * 1024.0), o.block_tokens) {
+      pool_(static_cast<int64_t>(o.kv_cache_gib * 1024.0 * 1024.0 * 1024.0), o.block_tokens, &model.state_memory()) {
   const auto& c = model.config();
   if (opt_.max_model_len <= 0) opt_.max_model_len = c.max_position_embeddings;
   DSV_CHECK(opt_.max_model_len <= c.max_position_embeddings,

@@ -37,15 +37,17 @@ StateBytes state_bytes(const ModelConfig& c) {
   return b;
 }
 
-StatePool::StatePool(int64_t capacity_bytes, int64_t block_tokens)
-    : capacity_(capacity_bytes), block_tokens_(block_tokens) {
+StatePool::StatePool(int64_t capacity_bytes, int64_t block_tokens, std::pmr::memory_resource* upstream)
+    : capacity_(capacity_bytes), block_tokens_(block_tokens), upstream_(upstream) {
   DSV_CHECK(block_tokens > 0, "state pool: block size must be positive, got {}", block_tokens);
   DSV_CHECK(capacity_bytes > 0, "state pool: capacity must be positive, got {} bytes", capacity_bytes);
+  DSV_CHECK(upstream != nullptr, "state pool: no upstream memory resource");
 }
 
 StatePool::~StatePool() {
   // Every state must be gone before its pool (the scheduler declares the pool first). The bytes
-  // come from the heap, so a straggler is still freed correctly; it is a bookkeeping bug to report.
+  // belong to the upstream resource, so a straggler is still freed correctly there; it is a
+  // bookkeeping bug to report.
   if (live_.load() != 0)
     spdlog::error("state pool destroyed with {} live allocations ({} bytes)", live_.load(), used_.load());
 }
@@ -61,7 +63,8 @@ double StatePool::usage() const {
 }
 
 void* StatePool::do_allocate(size_t bytes, size_t alignment) {
-  void* p = std::pmr::new_delete_resource()->allocate(bytes, alignment);
+  // Counted only once the upstream delivered: a refused allocation (it throws) changes nothing.
+  void* p = upstream_->allocate(bytes, alignment);
   const int64_t now = used_.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
   ++live_;
   int64_t peak = peak_.load();
@@ -71,7 +74,7 @@ void* StatePool::do_allocate(size_t bytes, size_t alignment) {
 }
 
 void StatePool::do_deallocate(void* p, size_t bytes, size_t alignment) {
-  std::pmr::new_delete_resource()->deallocate(p, bytes, alignment);
+  upstream_->deallocate(p, bytes, alignment);
   used_.fetch_sub(static_cast<int64_t>(bytes));
   --live_;
 }

@@ -30,12 +30,16 @@ StateBytes state_bytes(const ModelConfig& c);
 // is the real size of all live states. Sequences get room in whole blocks of `block_tokens`
 // context tokens (no per-token allocation); the scheduler admits, grows and preempts against
 // fits(), which keeps used_bytes() at or below the capacity at every step boundary. The bytes
-// themselves come from the system allocator (so ASan/LSan see every buffer); the pool's job is the
-// exact count and the limit. While one buffer of a growing state is copied into its larger
-// replacement both exist for a moment; peak_bytes() records that.
+// themselves come from `upstream`, the memory the engine's states must live in
+// (Model::state_memory(): the system allocator for host engines, so ASan/LSan see every buffer;
+// device memory for the CUDA engine); the pool's job is the exact count and the limit, the same
+// for every backend. While one buffer of a growing state is copied into its larger replacement
+// both exist for a moment; peak_bytes() records that.
 class StatePool final : public std::pmr::memory_resource {
  public:
-  StatePool(int64_t capacity_bytes, int64_t block_tokens);
+  // `upstream` must outlive the pool.
+  StatePool(int64_t capacity_bytes, int64_t block_tokens,
+            std::pmr::memory_resource* upstream = std::pmr::new_delete_resource());
   StatePool(const StatePool&) = delete;
   StatePool& operator=(const StatePool&) = delete;
   ~StatePool() override;
@@ -45,6 +49,7 @@ class StatePool final : public std::pmr::memory_resource {
   int64_t used_bytes() const { return used_.load(); }
   int64_t peak_bytes() const { return peak_.load(); }
   int64_t live_allocations() const { return live_.load(); }
+  std::pmr::memory_resource* upstream() const { return upstream_; }
   // True when `more` bytes can be taken without passing the capacity.
   bool fits(int64_t more) const { return used_bytes() + more <= capacity_; }
   // Context room (tokens) for a sequence needing `tokens`: whole blocks, at most `limit`.
@@ -58,6 +63,7 @@ class StatePool final : public std::pmr::memory_resource {
 
   int64_t capacity_;
   int64_t block_tokens_;
+  std::pmr::memory_resource* upstream_;
   std::atomic<int64_t> used_{0}, peak_{0}, live_{0};
 };
 

@@ -255,3 +255,33 @@ TEST(TensorParallelGenerate, SpeculativeGenerationEqualsOneRank) {
   EXPECT_EQ(a["ids"].size(), 16u);
   EXPECT_EQ(a, b);
 }
+
+// A worker that passes the handshake but cannot load its share (here: an Engram folder that does
+// not exist) reports that to rank 0, which then fails at once with the worker's message instead of
+// waiting for a ready that never comes (the tools wait up to 30 min for workers to start).
+TEST(TensorParallelHandshake, WorkerLoadFailureFailsRankZeroAtOnce) {
+  const Fixture f = fixture("tiny-s0");
+  const fs::path dir = temp_dir() / "load_failure";
+  fs::create_directories(dir);
+  {
+    std::ofstream(dir / "prompt.json") << "[1, 2, 3]";
+  }
+  const std::string missing = (dir / "no-such-engram-folder").string();
+  const int port = free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  const pid_t head = spawn_binary({"logits", "--model", f.model, "--engram-token-map", f.map, "--prompt-ids",
+                                   (dir / "prompt.json").string(), "--decode", "1", "--out",
+                                   (dir / "o.safetensors").string(), "--world-size", "2", "--master-port",
+                                   std::to_string(port)},
+                                  dir / "head.log");
+  ASSERT_GT(head, 0);
+  auto wa = worker_args(f, f.model, port);
+  wa.insert(wa.end(), {"--engram-dir", missing});
+  const pid_t worker = spawn_binary(wa, dir / "worker.log");
+  EXPECT_EQ(wait_exit(worker, 60s), 1) << slurp(dir / "worker.log");
+  EXPECT_EQ(wait_exit(head, 30s), 1) << slurp(dir / "head.log");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);
+  const std::string log = slurp(dir / "head.log");
+  EXPECT_NE(log.find("rank 1 failed while loading its share of the model"), std::string::npos) << log;
+  EXPECT_NE(log.find("no-such-engram-folder"), std::string::npos) << log;  // the worker's own message
+}

@@ -22,11 +22,13 @@ struct MoeCase {
   bool mixed_cb;  // codebooks vary per expert (else MUL1)
   ActType xt, yt;
   float limit;
+  bool bf16_points = false;  // MoeParams::bf16_points (the CPU engine's rounding points)
 };
 
 void run_moe(const MoeCase& c, uint64_t seed) {
   SCOPED_TRACE("m=" + std::to_string(c.m) + " topk=" + std::to_string(c.topk) + " int8=" + std::to_string(c.int8) +
-               " mixed=" + std::to_string(c.mixed_cb));
+               " mixed=" + std::to_string(c.mixed_cb) + " bf16_points=" + std::to_string(c.bf16_points));
+  const auto bf = [&](float v) { return c.bf16_points ? bf16_round(v) : v; };
   const int hidden = 384, inter = 256, x_cols = 380, y_cols = 383;
   const int ne = c.n_experts + (c.shared ? 1 : 0);
   std::vector<std::unique_ptr<RandomMatrix>> gate, up, down;
@@ -77,16 +79,17 @@ void run_moe(const MoeCase& c, uint64_t seed) {
       exl3::exl3_matmul_f32(gate[e]->view(), xt.data(), 1, g.data());
       exl3::exl3_matmul_f32(up[e]->view(), xt.data(), 1, u.data());
       for (int i = 0; i < inter; ++i) {
-        float gv = g[i], uv = u[i];
+        float gv = bf(g[i]), uv = bf(u[i]);
         if (c.limit > 0) {
           gv = std::min(gv, c.limit);
           uv = std::clamp(uv, -c.limit, c.limit);
         }
-        g[i] = gv / (1.0f + std::exp(-gv)) * uv * wt;
+        g[i] = c.bf16_points ? bf16_round(wt * (gv / (1.0f + std::exp(-gv)) * uv)) : gv / (1.0f + std::exp(-gv)) * uv * wt;
       }
       exl3::exl3_matmul_f32(down[e]->view(), g.data(), 1, d.data());
-      for (int i = 0; i < hidden; ++i) yref[t * hidden + i] += d[i];
+      for (int i = 0; i < hidden; ++i) yref[t * hidden + i] += bf(d[i]);
     }
+    for (int i = 0; i < hidden; ++i) yref[t * hidden + i] = bf(yref[t * hidden + i]);
   }
 
   DeviceBuffer d_tg = DeviceBuffer::from(tg), d_tu = DeviceBuffer::from(tu), d_td = DeviceBuffer::from(td);
@@ -116,6 +119,7 @@ void run_moe(const MoeCase& c, uint64_t seed) {
   p.y_cols = y_cols;
   p.y_stride = y_stride;
   p.int8 = c.int8;
+  p.bf16_points = c.bf16_points;
   DeviceBuffer ws(ops::exl3_moe_workspace_bytes(p));
   ops::exl3_workspace_init(ws.get(), ws.bytes(), nullptr);
   p.workspace = ws.get();
@@ -140,7 +144,9 @@ void run_moe(const MoeCase& c, uint64_t seed) {
       }
     }
   }
-  const double tol = c.yt == ActType::BF16 ? 6e-3 : 2e-3;
+  if (c.bf16_points)
+    for (float g : got) ASSERT_EQ(g, bf16_round(g)) << "bf16_points: an output that is not a bf16 value";
+  const double tol = c.yt == ActType::BF16 || c.bf16_points ? 6e-3 : 2e-3;
   const double err = rel_rms(got, want);
   EXPECT_LE(err, tol) << "relative RMS error " << err;
 }
@@ -158,6 +164,14 @@ TEST(Exl3GpuMoe, FewTokensInt8AndF16) {
 TEST(Exl3GpuMoe, EightTokensMixedCodebooks) {
   run_moe({8, 3, 7, true, -1, true, ActType::BF16, ActType::F32, 10.0f}, 7);
   run_moe({2, 3, 7, true, -1, true, ActType::F16, ActType::F16, 10.0f}, 8);
+}
+
+// The CPU reference engine's rounding points (g, u, weighted activation, each expert's output, the
+// sum) with fp32 activations and output, as the CUDA model backend runs it.
+TEST(Exl3GpuMoe, Bf16RoundingPoints) {
+  run_moe({1, 6, 12, true, -1, false, ActType::F32, ActType::F32, 10.0f, true}, 9);
+  run_moe({5, 2, 4, true, -1, true, ActType::F32, ActType::F32, 10.0f, true}, 10);
+  run_moe({3, 4, 9, true, 0, false, ActType::F32, ActType::F32, 10.0f, true}, 11);
 }
 
 TEST(Exl3GpuMoe, RejectsBadArguments) {

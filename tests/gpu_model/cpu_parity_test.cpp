@@ -147,6 +147,11 @@ TEST(GpuModelParity, PassSizeDoesNotChangeResults) {
   EXPECT_GT(mem.weights, 0);
   EXPECT_GT(mem.state_per_sequence, 0);
   EXPECT_GT(mem.scratch, small->memory().scratch);
+  // The release format: FP8 linears, FP4 experts, no EXL3; the formats add up to the total.
+  EXPECT_GT(mem.weights_fp8, 0);
+  EXPECT_GT(mem.weights_fp4, 0);
+  EXPECT_EQ(mem.weights_exl3, 0);
+  EXPECT_EQ(mem.weights_fp8 + mem.weights_fp4 + mem.weights_exl3 + mem.weights_dense, mem.weights);
 }
 
 TEST(GpuModelParity, BadInputGetsOneClearError) {

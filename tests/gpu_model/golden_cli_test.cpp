@@ -68,13 +68,3 @@ TEST(GpuModelGolden, TinyS0OneShot) { check_cli(0); }
 TEST(GpuModelGolden, TinyS0Chunks7) { check_cli(7); }
 TEST(GpuModelGolden, TinyS0Chunks64) { check_cli(64); }
 
-TEST(GpuModelGolden, DsparkIsRefusedWithOneClearError) {
-  const std::string ids = tmp("short.json");
-  std::ofstream(ids) << "[5, 6, 7]";
-  const auto r = test::run_cli("logits --device cuda --dspark --model " + kFix + "/model --engram-token-map " + kFix +
-                                   "/engram_token_map.safetensors --prompt-ids " + ids + " --decode 1 --out " +
-                                   tmp("never.safetensors"),
-                               test::Stderr::kMerge);
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.out.find("--dspark"), std::string::npos) << r.out;
-}

@@ -23,9 +23,11 @@ inline int32_t argmax_row(const float* v, int64_t n) {
 }
 
 // Prefill `prompt` in chunks of `chunk` (0 = one shot, prompt_len set so chunks use the one-shot
-// layout), then `decode` greedy steps, one token each.
+// layout), then `decode` greedy steps, one token each. With `forced` (another run's greedy ids),
+// decode step i feeds forced[i] instead of this run's own argmax, so two runs compare step by step.
 template <class M>
-Run run_steps(M& m, const std::vector<int32_t>& prompt, int64_t chunk, int64_t decode) {
+Run run_steps(M& m, const std::vector<int32_t>& prompt, int64_t chunk, int64_t decode,
+              const std::vector<int32_t>* forced = nullptr) {
   const int64_t S = static_cast<int64_t>(prompt.size()), V = m.config().vocab_size;
   auto st = m.new_sequence();
   st->prompt_len = S;
@@ -41,7 +43,8 @@ Run run_steps(M& m, const std::vector<int32_t>& prompt, int64_t chunk, int64_t d
   r.greedy.push_back(argmax_row(&r.prefill[(S - 1) * V], V));
   for (int64_t i = 0; i < decode; ++i) {
     std::vector<float> lg;
-    m.forward_sequence(*st, std::span<const int32_t>(&r.greedy.back(), 1), false, &lg);
+    const int32_t tok = forced ? forced->at(static_cast<size_t>(i)) : r.greedy.back();
+    m.forward_sequence(*st, std::span<const int32_t>(&tok, 1), false, &lg);
     EXPECT_EQ(static_cast<int64_t>(lg.size()), V);
     r.decode.insert(r.decode.end(), lg.begin(), lg.end());
     r.greedy.push_back(argmax_row(lg.data(), V));

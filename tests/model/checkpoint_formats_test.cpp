@@ -4,7 +4,8 @@
 // routers, indexer wk/weights_proj and Engram wkv), at several bit widths and codebooks.
 //
 // Independent check for EXL3: a "dense twin" of the checkpoint in which every EXL3 linear is
-// replaced by its effective weight W (exl3::full_weight_f32, stored F32 [out, in]) and every other
+// replaced by its effective weight W (exl3::full_weight_f32, stored F32 [out, in];
+// tests/support/exl3_dense_twin.h) and every other
 // float tensor is re-stored as F16 where that is exact (else F32). The engine on the twin computes
 // the same model through entirely different code (plain dot products instead of the Hadamard
 // formulation, other dtypes for norms/embeddings), so a linear wired to the wrong tensor, a
@@ -28,6 +29,8 @@
 #include "dsv41/model/cpu_model.h"
 #include "loader/manifest_build.h"
 #include "model/linears.h"
+#include "../support/exl3_dense_twin.h"
+#include "../support/mkmodel_variants.h"
 #include "../support/run_cli.h"
 
 using namespace dsv41;
@@ -37,14 +40,7 @@ namespace {
 
 const std::string kFixtures = DSV41_FIXTURES_DIR;
 
-struct Variant {
-  std::string name;     // test label and folder name
-  std::string fixture;  // config source: tests/fixtures/<fixture>/model/config.json
-  std::string args;     // mkmodel format arguments
-  uint64_t seed;
-  // gtest prints a parameter in test listings (ctest names); the label says it all.
-  friend void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
-};
+using Variant = test::MkmodelVariant;
 
 std::string token_map(const Variant& v) { return kFixtures + "/" + v.fixture + "/engram_token_map.safetensors"; }
 
@@ -58,9 +54,7 @@ std::string work_dir(const std::string& name) {
 // mkmodel into <dir>/model; returns that folder.
 std::string make_model(const Variant& v, const std::string& dir) {
   const std::string out = dir + "/model";
-  const auto r = test::run_cli("mkmodel --config " + kFixtures + "/" + v.fixture + "/model/config.json " + v.args +
-                                   " --seed " + std::to_string(v.seed) + " --out " + out,
-                               test::Stderr::kMerge);
+  const auto r = test::run_mkmodel(kFixtures, v, out);
   EXPECT_EQ(r.exit_code, 0) << r.out;
   return out;
 }
@@ -75,54 +69,6 @@ std::vector<int32_t> prompt(int64_t n, int64_t vocab, uint32_t seed) {
 bool all_finite(const TensorInfo& t) {
   const auto v = tensor_to_f32(t);
   return std::all_of(v.begin(), v.end(), [](float f) { return std::isfinite(f); });
-}
-
-// Re-stores a BF16/F32 tensor as F16 when every value survives the round trip, else as F32.
-void add_widened(SafetensorsWriter& w, const TensorInfo& t) {
-  const std::vector<float> v = tensor_to_f32(t);
-  bool f16_exact = true;
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size() && f16_exact; ++i) {
-    h[i] = f32_to_f16_bits(v[i]);
-    f16_exact = f16_bits_to_f32(h[i]) == v[i];
-  }
-  if (f16_exact) w.add(t.name, DType::F16, t.shape, h);
-  else w.add(t.name, DType::F32, t.shape, v);
-}
-
-// Writes the dense twin of an EXL3 checkpoint (see the file comment) into `out`. Returns the
-// number of EXL3 linears replaced.
-int write_dense_twin(const std::string& src, const std::string& out) {
-  const ModelConfig cfg = load_model_config(src + "/config.json");
-  const auto manifest = manifest_detail::build_manifest(cfg, CheckpointFormat::kExl3, exl3_plan_from_config(cfg));
-  auto ck = Checkpoint::open(src);
-  const exl3::TensorLookup find = [&](const std::string& n) { return ck->find(n); };
-  SafetensorsWriter w;
-  std::vector<std::string> replaced;  // tensor names that belong to a replaced EXL3 linear
-  int n_linears = 0;
-  for (const auto& lin : manifest.linears) {
-    if (!ck->has(lin.prefix + ".trellis")) continue;
-    const exl3::Exl3Tensors t = exl3::read_exl3_tensors(find, lin.prefix, src);
-    const std::vector<float> full = exl3::full_weight_f32(t.view());  // [k][n]
-    std::vector<float> wt(static_cast<size_t>(lin.out * lin.in));  // [out][in]
-    for (int64_t o = 0; o < lin.out; ++o)
-      for (int64_t i = 0; i < lin.in; ++i) wt[o * lin.in + i] = full[i * t.n + o];
-    w.add(lin.prefix + ".weight", DType::F32, {lin.out, lin.in}, wt);
-    for (const char* s : {".trellis", ".suh", ".svh", ".su", ".sv", ".mul1", ".mcg", ".bias"})
-      replaced.push_back(lin.prefix + s);
-    ++n_linears;
-  }
-  std::sort(replaced.begin(), replaced.end());
-  for (const TensorInfo* tp : ck->tensors()) {
-    const TensorInfo& t = *tp;
-    if (std::binary_search(replaced.begin(), replaced.end(), t.name)) continue;
-    if (t.dtype == DType::BF16 || t.dtype == DType::F32) add_widened(w, t);
-    else w.add(t.name, t.dtype, t.shape, t.data, t.nbytes);
-  }
-  fs::create_directories(out);
-  fs::copy_file(src + "/config.json", out + "/config.json", fs::copy_options::overwrite_existing);
-  w.write(out + "/model.safetensors");
-  return n_linears;
 }
 
 struct RunResult {
@@ -249,15 +195,14 @@ TEST_P(CheckpointFormats, LogitsRunsAndChunkedPrefillMatches) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Mkmodel, CheckpointFormats,
-    ::testing::Values(Variant{"fp8_s0", "tiny-s0", "--format fp8", 3}, Variant{"fp8_long", "tiny-long", "--format fp8", 4},
-                      Variant{"exl3_mul1_b3", "tiny-s0", "--format exl3 --bits 3 --codebook mul1", 1},
-                      Variant{"exl3_3inst_b1_head16", "tiny-s0",
-                              "--format exl3 --bits 1 --codebook 3inst --head-bits 16 --mtp-bits 2", 2},
-                      Variant{"exl3_mcg_b2_5", "tiny-long", "--format exl3 --bits 2.5 --codebook mcg --head-bits 8 --mtp-bits 1", 5},
-                      Variant{"exl3_mul1_b8", "tiny-s0", "--format exl3 --bits 8 --head-bits 2 --mtp-bits 8", 6}),
-    [](const auto& info) { return info.param.name; });
+std::vector<Variant> all_format_variants() {
+  std::vector<Variant> v = test::mkmodel_fp8_variants();
+  for (const Variant& e : test::mkmodel_exl3_variants()) v.push_back(e);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Mkmodel, CheckpointFormats, ::testing::ValuesIn(all_format_variants()),
+                         [](const auto& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------------
 class Exl3DenseTwin : public ::testing::TestWithParam<Variant> {};
@@ -270,7 +215,9 @@ TEST_P(Exl3DenseTwin, EngineEqualsDequantizedModel) {
   const std::string dir = work_dir(v.name);
   const std::string model = make_model(v, dir);
   const std::string twin = dir + "/twin";
-  const int replaced = write_dense_twin(model, twin);
+  test::DenseTwinOptions twin_opts;
+  twin_opts.widen_others = true;  // every EXL3 linear as F32, other float tensors re-stored
+  const int replaced = test::write_dense_twin(model, twin, twin_opts);
   const ModelConfig cfg = load_model_config(model + "/config.json");
   const auto manifest = manifest_detail::build_manifest(cfg, CheckpointFormat::kExl3, exl3_plan_from_config(cfg));
   // head, every expert and attention projection, the wo_a slices, compressor, indexer wq_b, mtp.

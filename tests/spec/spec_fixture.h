@@ -37,8 +37,9 @@ inline std::unique_ptr<model::CpuModel> load_tiny(const std::string& fixture) {
 }
 
 // Greedy tokens after `prompt` by one-shot prefill and one-token decode steps on the engine
-// itself (the fixtures' stepping rule), no scheduler, no speculation.
-inline std::vector<int32_t> engine_greedy(const model::CpuModel& m, const std::vector<int32_t>& prompt, int64_t n) {
+// itself (the fixtures' stepping rule), no scheduler, no speculation. M: CpuModel or CudaModel.
+template <class M>
+std::vector<int32_t> engine_greedy(M& m, const std::vector<int32_t>& prompt, int64_t n) {
   auto st = m.new_sequence();
   st->prompt_len = static_cast<int64_t>(prompt.size());
   std::vector<float> lg;
@@ -59,8 +60,11 @@ class ScriptedDrafter : public spec::SpecBackend {
  public:
   using Truth = std::map<int64_t, std::vector<int32_t>>;
   ScriptedDrafter(model::CpuModel& m, Truth truth, std::function<bool(int64_t prompt_len, int64_t pos)> wrong)
-      : inner_(spec::make_cpu_spec_backend(m)), truth_(std::move(truth)), wrong_(std::move(wrong)),
-        vocab_(m.config().vocab_size) {}
+      : ScriptedDrafter(spec::make_cpu_spec_backend(m), m.config().vocab_size, std::move(truth), std::move(wrong)) {}
+  // Over any backend (the CUDA one in tests/gpu_spec).
+  ScriptedDrafter(std::unique_ptr<spec::SpecBackend> inner, int64_t vocab, Truth truth,
+                  std::function<bool(int64_t prompt_len, int64_t pos)> wrong)
+      : inner_(std::move(inner)), truth_(std::move(truth)), wrong_(std::move(wrong)), vocab_(vocab) {}
   int64_t block_size() const override { return inner_->block_size(); }
   void draft(std::span<spec::DraftItem> items) override {
     inner_->draft(items);

@@ -1,10 +1,13 @@
-// The CUDA model backend: the FP8/FP4/BF16 release checkpoint's text forward pass on one GPU,
-// composed from the validated ops of include/dsv41/ops/gpu_ops.h in exactly the CPU reference
-// engine's order (src/model/*.cpp is the truth; every numeric choice there is mirrored here).
+// The CUDA model backend: the text forward pass on one GPU, for the FP8/FP4/BF16 release checkpoint
+// and for EXL3 checkpoints, composed from the validated ops of include/dsv41/ops/gpu_ops.h (and the
+// EXL3 kernels of dsv41/ops/exl3_gpu.h) in exactly the CPU reference engine's order (src/model/*.cpp
+// is the truth; every numeric choice there is mirrored here, EXL3 as closely as its kernels allow).
 //
-//  - Weights are uploaded once at load; routed experts become one FP4 bank per layer.
+//  - Weights are uploaded once at load; routed experts become one FP4 bank per layer, or stay one
+//    EXL3 linear each for the grouped MoE kernels (EXL3 linears: src/cuda_model/cuda_exl3.cpp).
 //  - A sequence's state lives on the GPU (bf16 window rings, compressed KV and index keys per KV
-//    source, fp32 compressor carries), sized once for `max_context` tokens; the Engram n-gram
+//    source, fp32 compressor carries): heap states are sized for `max_context` tokens, pooled ones
+//    (the server's state pool over state_memory()) grow by room in pool blocks; the Engram n-gram
 //    history stays on the host and the Engram table rows come from the host EngramStore.
 //  - One scratch arena is allocated at load for `max_chunk_tokens` tokens: a forward allocates no
 //    device memory. Longer chunks run as several passes that keep the chunk's index-list layout,
@@ -14,8 +17,9 @@
 //  - The indexer's candidate-block and top-k selections run on the host over the device's scores
 //    (one download per index layer and pass): the CPU engine's tie order among exactly equal
 //    scores (torch_topk_indices) decides which entries are attended.
-// Not covered yet: EXL3 checkpoints, DSpark drafting, tensor parallelism, pooled sequence state
-// (the server's state pool), CUDA graphs / batched decode.
+//  - DSpark: the mtp.* drafter runs on the device (batched over sequences); save_step / undo_step
+//    roll a sequence back after speculative verification (src/spec/cuda_backend.cpp).
+// Not covered yet: tensor parallelism, CUDA graphs / batched decode.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -41,6 +45,9 @@ struct CudaModelOptions {
   int64_t max_context = 0;
   // Tokens per forward pass (sizes the scratch arena).
   int64_t max_chunk_tokens = 256;
+  // Load the mtp.* DSpark stages when the config has them (drafting, and the DSpark rings every
+  // forward feeds); as CpuModelOptions::dspark.
+  bool dspark = true;
 };
 
 // Device memory the model holds, in bytes (printed at load).
@@ -48,7 +55,28 @@ struct CudaMemoryBreakdown {
   int64_t weights = 0;
   int64_t state_per_sequence = 0;  // one sequence state of max_context tokens
   int64_t scratch = 0;
+  // `weights` by storage format: FP8 block-scaled linears, FP4 experts, EXL3 linears, and the rest
+  // (BF16/F16/F32 matrices, embeddings, norms, mHC and router parameters).
+  int64_t weights_fp8 = 0, weights_fp4 = 0, weights_exl3 = 0, weights_dense = 0;
 };
+
+// One saved step of a sequence state (CudaModel::save_step / undo_step); move-only, reusable.
+class CudaStepUndo {
+ public:
+  CudaStepUndo();
+  ~CudaStepUndo();
+  CudaStepUndo(CudaStepUndo&&) noexcept;
+  CudaStepUndo& operator=(CudaStepUndo&&) noexcept;
+  struct Data;
+
+ private:
+  friend class CudaModel;
+  std::unique_ptr<Data> d_;
+};
+
+namespace cuda {
+struct Impl;
+}
 
 class CudaModel final : public Model {
  public:
@@ -59,19 +87,44 @@ class CudaModel final : public Model {
 
   const ModelConfig& config() const override;
   std::unique_ptr<SeqState> new_sequence() const override;
+  // Pooled states (the server's StatePool): device buffers carved from blocks of `memory`, whose
+  // upstream must be state_memory() (device memory of this model, ordered on its stream).
+  // Room is at most max_context() tokens.
+  std::unique_ptr<SeqState> new_sequence(std::pmr::memory_resource& memory, int64_t capacity_tokens) const override;
+  void reserve_sequence(SeqState& state, int64_t capacity_tokens) const override;
+  int64_t state_bytes(int64_t capacity_tokens) const override;
+  std::pmr::memory_resource& state_memory() const override;
   void forward(std::span<ForwardItem> batch) override;
 
   // One sequence, as CpuModel::forward_sequence (dump: streams after every block, downloaded).
   void forward_sequence(SeqState& state, std::span<const int32_t> tokens, bool all_logits,
                         std::vector<float>* logits, BlockDump* dump = nullptr);
-  bool has_dspark() const { return false; }
+  // ---- DSpark drafting and speculative verification (src/cuda_model/cuda_spec_api.cpp) ----
+  bool has_dspark() const;
+  // As CpuModel::dspark_draft: the draft block after the state's last processed position, with
+  // `anchor` (the token for position n_past); reads the state's DSpark rings, modifies nothing.
+  DsparkDraft dspark_draft(const SeqState& state, int32_t anchor);
+  // The same for several sequences in one drafter pass (per max_chunk_tokens / block sequences).
+  std::vector<DsparkDraft> dspark_draft_batch(std::span<const SeqState* const> states, std::span<const int32_t> anchors);
+  // Saves what a one-token step at the state's position n_past overwrites (window-ring and DSpark
+  // ring slots, compressor carries, entry counts, index-key publisher, Engram history, n_past), on
+  // the device; `into` keeps its buffers for reuse. undo_step restores it: steps saved in order
+  // and undone in reverse order return the state exactly to before the first of them.
+  void save_step(const SeqState& state, CudaStepUndo& into);
+  void undo_step(SeqState& state, const CudaStepUndo& saved);
   CudaMemoryBreakdown memory() const;
   int64_t max_context() const;
+  // Benchmark only (`dsv41-serve bench`, src/cuda_model/cuda_bench_fill.cpp): makes `state` (from
+  // new_sequence()) look as if it had processed n_past tokens, with random values of the stored
+  // types in its rings, compressed KV, index keys and carries; the next one-token step is a decode
+  // step. Its outputs are meaningless; its timing is that of a real state of n_past tokens.
+  void bench_fill_state(SeqState& state, int64_t n_past, uint64_t seed) const;
 
   struct Impl;
 
  private:
   explicit CudaModel(std::unique_ptr<Impl> impl);
+  cuda::Impl& engine() const;  // the backend's internals (cuda_model.cpp)
   std::unique_ptr<Impl> impl_;
 };
 

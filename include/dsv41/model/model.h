@@ -47,6 +47,10 @@ class Model {
   virtual void reserve_sequence(SeqState& state, int64_t capacity_tokens) const;
   // Bytes a pooled state with room for `capacity_tokens` tokens holds (the real allocation sizes).
   virtual int64_t state_bytes(int64_t capacity_tokens) const;
+  // Where the bytes of pooled states must come from: the server's pool counts and limits them but
+  // takes them from this resource. Host engines use the heap; a GPU engine returns device memory
+  // (pointers the host never dereferences), so one pool serves every backend.
+  virtual std::pmr::memory_resource& state_memory() const { return *std::pmr::new_delete_resource(); }
   // Runs a batch: every item advances its own sequence by its tokens (chunked prefill or decode).
   // Throws dsv41::Error for bad input (token id out of range, context exceeded); the states of a
   // batch that threw are unspecified and must be discarded.

@@ -46,6 +46,9 @@ void compress_pool(const CompressPoolArgs& a, cudaStream_t s);
 void store_bf16(const StoreBf16Args& a, cudaStream_t s);
 void scale_round(const ScaleRoundArgs& a, cudaStream_t s);
 void fill_pointers(const FillPointersArgs& a, cudaStream_t s);
+// DSpark: target-layer taps and the Markov head's bias (ops_launch.h).
+void stream_mean(const StreamMeanArgs& a, cudaStream_t s);
+void markov_bias(const MarkovBiasArgs& a, cudaStream_t s);
 
 // ---- compressor step (KV-source layers, ratio 1 and r > 1) ----
 struct CompressorWeights {
@@ -53,7 +56,11 @@ struct CompressorWeights {
   DenseType wkv_type = DenseType::BF16;
   const float* wgate = nullptr;  // [hd][dim] F32 (ratio > 1)
   const float* norm = nullptr;   // [hd]
-  const uint16_t* i_wk = nullptr;  // [ihd][hd] BF16; nullptr when the layer owns no index keys
+  const void* i_wk = nullptr;  // [ihd][hd] BF16 or F32; nullptr when the layer owns no index keys
+  DenseType i_wk_type = DenseType::BF16;
+  // The projections already ran (EXL3 weights, run by the caller): the scratch holds x·wkv rounded
+  // to bf16 in `latent` (ratio 1), or x·wkv in `a` and x·wgate in `g` (ratio > 1); wkv/wgate unused.
+  bool projected = false;
   const float* i_k_norm = nullptr;  // [ihd]
   int64_t dim = 0, hd = 0, ihd = 0, ratio = 1, rope_dim = 0;
   const float* freqs = nullptr;  // compressed RoPE table [rope_dim/2]

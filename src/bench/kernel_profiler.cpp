@@ -1,0 +1,270 @@
+// CUPTI-based launch counting and kernel time breakdown (kernel_profiler.h). CUPTI is loaded with
+// dlopen: builds and machines without it still run every benchmark, only without these counts.
+#include "bench/kernel_profiler.h"
+
+#if DSV41_HAS_CUDA
+#include <cuda_runtime.h>
+#include <cupti.h>
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "dsv41/common/error.h"
+#endif
+
+namespace dsv41::bench {
+
+#if DSV41_HAS_CUDA
+namespace {
+
+// CUPTI delivers callbacks and activity buffers to plain C functions: the collected numbers live
+// here (one profiler per process; CUPTI allows one subscriber).
+struct Collected {
+  std::atomic<bool> on{false};
+  std::atomic<int64_t> launches{0}, copies{0}, syncs{0};
+  std::mutex mu;
+  std::map<std::string, KernelStat> kernels;
+  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  int64_t kernels_executed = 0;
+  double kernel_ns = 0, copy_ns = 0;
+};
+Collected g;
+
+// "void ns::(anonymous namespace)::lin4_kernel<float, true>(Args, long)" -> "lin4_kernel".
+std::string short_kernel_name(const char* mangled) {
+  if (!mangled) return "?";
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string s = (status == 0 && d) ? d : mangled;
+  std::free(d);
+  int depth = 0;
+  size_t cut = s.size();
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<') ++depth;
+    else if (s[i] == '>') --depth;
+    else if (s[i] == '(' && depth == 0 && s.compare(i, 20, "(anonymous namespace") != 0) {
+      cut = i;
+      break;
+    }
+  }
+  s.resize(cut);
+  std::string plain;  // drop template arguments
+  depth = 0;
+  for (char ch : s) {
+    if (ch == '<') ++depth;
+    else if (ch == '>') --depth;
+    else if (depth == 0) plain += ch;
+  }
+  const size_t colon = plain.rfind("::");
+  if (colon != std::string::npos) plain = plain.substr(colon + 2);
+  const size_t space = plain.rfind(' ');
+  if (space != std::string::npos) plain = plain.substr(space + 1);
+  return plain;
+}
+
+void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void* data) {
+  if (!g.on.load(std::memory_order_relaxed) || domain != CUPTI_CB_DOMAIN_RUNTIME_API) return;
+  const auto* cb = static_cast<const CUpti_CallbackData*>(data);
+  if (cb->callbackSite != CUPTI_API_ENTER) return;
+  switch (id) {
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
+      g.launches.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_ptsz_v7000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020:
+      g.copies.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_v3020:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaStreamSynchronize_ptsz_v7000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaDeviceSynchronize_v3020:
+      g.syncs.fetch_add(1, std::memory_order_relaxed);
+      break;
+    default:
+      break;
+  }
+}
+
+constexpr size_t kBufferBytes = 8u << 20;
+
+void CUPTIAPI on_buffer_request(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
+  *size = *buffer ? kBufferBytes : 0;
+  *max_records = 0;
+}
+
+using NextRecordFn = CUptiResult (*)(uint8_t*, size_t, CUpti_Activity**);
+NextRecordFn g_next_record = nullptr;
+
+void CUPTIAPI on_buffer_complete(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  if (g_next_record && valid > 0) {
+    std::lock_guard<std::mutex> lock(g.mu);
+    CUpti_Activity* rec = nullptr;
+    while (g_next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
+      if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+        const std::string name = short_kernel_name(k->name);
+        KernelStat& st = g.kernels[name];
+        st.name = name;
+        ++st.count;
+        st.total_ns += static_cast<double>(k->end - k->start);
+        g.kernel_ns += static_cast<double>(k->end - k->start);
+        ++g.kernels_executed;
+        g.intervals.emplace_back(k->start, k->end);
+      } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+        g.copy_ns += static_cast<double>(m->end - m->start);
+        g.intervals.emplace_back(m->start, m->end);
+      }
+    }
+  }
+  std::free(buffer);
+}
+
+template <class F>
+F sym(void* lib, const char* name, std::string* why) {
+  void* p = dlsym(lib, name);
+  if (!p && why->empty()) *why = fmt::format("libcupti has no symbol {}", name);
+  return reinterpret_cast<F>(p);
+}
+
+}  // namespace
+
+struct KernelProfiler::Api {
+  void* lib = nullptr;
+  CUpti_SubscriberHandle sub = nullptr;
+  CUptiResult (*unsubscribe)(CUpti_SubscriberHandle) = nullptr;
+  CUptiResult (*act_enable)(CUpti_ActivityKind) = nullptr;
+  CUptiResult (*act_disable)(CUpti_ActivityKind) = nullptr;
+  CUptiResult (*act_flush)(uint32_t) = nullptr;
+  bool activity = false;
+};
+
+std::unique_ptr<KernelProfiler> KernelProfiler::create(std::string* why) {
+  std::string err;
+  void* lib = nullptr;
+  for (const char* name : {"libcupti.so", "libcupti.so.13", "libcupti.so.12"})
+    if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+  if (!lib) {
+    if (why) *why = "libcupti.so not found by the dynamic loader (set LD_LIBRARY_PATH to the CUDA toolkit's lib)";
+    return nullptr;
+  }
+  auto api = std::make_unique<Api>();
+  api->lib = lib;
+  auto subscribe = sym<CUptiResult (*)(CUpti_SubscriberHandle*, CUpti_CallbackFunc, void*)>(lib, "cuptiSubscribe", &err);
+  auto enable_domain =
+      sym<CUptiResult (*)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain)>(lib, "cuptiEnableDomain", &err);
+  api->unsubscribe = sym<CUptiResult (*)(CUpti_SubscriberHandle)>(lib, "cuptiUnsubscribe", &err);
+  auto reg = sym<CUptiResult (*)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc)>(
+      lib, "cuptiActivityRegisterCallbacks", &err);
+  api->act_enable = sym<CUptiResult (*)(CUpti_ActivityKind)>(lib, "cuptiActivityEnable", &err);
+  api->act_disable = sym<CUptiResult (*)(CUpti_ActivityKind)>(lib, "cuptiActivityDisable", &err);
+  api->act_flush = sym<CUptiResult (*)(uint32_t)>(lib, "cuptiActivityFlushAll", &err);
+  g_next_record = sym<NextRecordFn>(lib, "cuptiActivityGetNextRecord", &err);
+  if (!err.empty()) {
+    if (why) *why = err;
+    return nullptr;
+  }
+  if (subscribe(&api->sub, reinterpret_cast<CUpti_CallbackFunc>(&on_api), nullptr) != CUPTI_SUCCESS ||
+      enable_domain(1, api->sub, CUPTI_CB_DOMAIN_RUNTIME_API) != CUPTI_SUCCESS) {
+    if (why) *why = "cuptiSubscribe / cuptiEnableDomain failed (another profiler attached?)";
+    return nullptr;
+  }
+  api->activity = reg(on_buffer_request, on_buffer_complete) == CUPTI_SUCCESS;
+  return std::unique_ptr<KernelProfiler>(new KernelProfiler(std::move(api)));
+}
+
+KernelProfiler::KernelProfiler(std::unique_ptr<Api> api) : api_(std::move(api)) {}
+
+KernelProfiler::~KernelProfiler() {
+  g.on = false;
+  if (api_ && api_->sub) api_->unsubscribe(api_->sub);
+}
+
+void KernelProfiler::start() {
+  cudaDeviceSynchronize();
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    g.kernels.clear();
+    g.intervals.clear();
+    g.kernels_executed = 0;
+    g.kernel_ns = g.copy_ns = 0;
+  }
+  g.launches = 0;
+  g.copies = 0;
+  g.syncs = 0;
+  if (api_->activity)
+    api_->activity = api_->act_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS &&
+                     api_->act_enable(CUPTI_ACTIVITY_KIND_MEMCPY) == CUPTI_SUCCESS;
+  g.on = true;
+}
+
+ProfileCounts KernelProfiler::stop() {
+  g.on = false;
+  cudaDeviceSynchronize();
+  ProfileCounts out;
+  if (api_->activity) {
+    api_->act_flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    api_->act_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    api_->act_disable(CUPTI_ACTIVITY_KIND_MEMCPY);
+  }
+  out.launches = g.launches;
+  out.copies = g.copies;
+  out.syncs = g.syncs;
+  std::lock_guard<std::mutex> lock(g.mu);
+  out.has_activity = api_->activity && g.kernels_executed > 0;
+  out.kernels_executed = g.kernels_executed;
+  out.kernel_ns = g.kernel_ns;
+  out.copy_ns = g.copy_ns;
+  auto iv = g.intervals;
+  std::sort(iv.begin(), iv.end());
+  uint64_t cur_s = 0, cur_e = 0;
+  bool open = false;
+  for (const auto& [s, e] : iv) {
+    if (open && s <= cur_e) {
+      cur_e = std::max(cur_e, e);
+      continue;
+    }
+    if (open) out.busy_ns += static_cast<double>(cur_e - cur_s);
+    cur_s = s;
+    cur_e = e;
+    open = true;
+  }
+  if (open) out.busy_ns += static_cast<double>(cur_e - cur_s);
+  for (const auto& [name, st] : g.kernels) out.kernels.push_back(st);
+  std::sort(out.kernels.begin(), out.kernels.end(),
+            [](const KernelStat& a, const KernelStat& b) { return a.total_ns > b.total_ns; });
+  return out;
+}
+
+#else
+
+struct KernelProfiler::Api {};
+std::unique_ptr<KernelProfiler> KernelProfiler::create(std::string* why) {
+  if (why) *why = "this dsv41-serve was built without CUDA";
+  return nullptr;
+}
+KernelProfiler::KernelProfiler(std::unique_ptr<Api> api) : api_(std::move(api)) {}
+KernelProfiler::~KernelProfiler() = default;
+void KernelProfiler::start() {}
+ProfileCounts KernelProfiler::stop() { return {}; }
+
+#endif
+
+}  // namespace dsv41::bench

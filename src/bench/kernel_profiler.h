@@ -1,0 +1,54 @@
+// Kernel launches, copies and host synchronisations of a stretch of GPU work, counted by CUPTI
+// (NVIDIA's profiling interface, loaded at run time with dlopen so the binary has no link-time
+// dependency on it; libcupti.so from the CUDA toolkit must be findable by the dynamic loader).
+//
+// Two independent counts, both exact:
+//  - callbacks on the runtime API (cudaLaunchKernel*, cudaMemcpy*Async, cudaStreamSynchronize,
+//    cudaDeviceSynchronize): what the host code issued;
+//  - activity records (every kernel and copy the GPU executed, with start/end time stamps): the
+//    per-kernel time breakdown and the GPU-busy time of the stretch.
+// Used by `dsv41-serve bench` in a separate pass after the timed steps, so the small per-call
+// overhead of the callbacks does not enter the timings.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dsv41::bench {
+
+struct KernelStat {
+  std::string name;  // demangled function name without arguments
+  int64_t count = 0;
+  double total_ns = 0;
+};
+
+struct ProfileCounts {
+  int64_t launches = 0;         // runtime API kernel launches
+  int64_t copies = 0;           // runtime API async copies and memsets
+  int64_t syncs = 0;            // cudaStreamSynchronize + cudaDeviceSynchronize
+  bool has_activity = false;    // activity records were collected
+  int64_t kernels_executed = 0; // kernel activity records
+  double kernel_ns = 0;         // sum of kernel durations
+  double copy_ns = 0;           // sum of copy durations
+  double busy_ns = 0;           // union of kernel and copy intervals (GPU busy time)
+  std::vector<KernelStat> kernels;  // by total time, largest first
+};
+
+class KernelProfiler {
+ public:
+  // Null when CUPTI cannot be loaded or initialised; `why` then says what failed.
+  static std::unique_ptr<KernelProfiler> create(std::string* why);
+  ~KernelProfiler();
+  void start();
+  // Synchronises the device, flushes the activity buffers and returns the counts since start().
+  ProfileCounts stop();
+
+  struct Api;
+
+ private:
+  explicit KernelProfiler(std::unique_ptr<Api> api);
+  std::unique_ptr<Api> api_;
+};
+
+}  // namespace dsv41::bench

@@ -1,0 +1,229 @@
+// EXL3 checkpoints on the CUDA backend: EXL3 linears (attention projections, wo_a slices, the
+// compressor, indexer wq_b, shared experts, head) run through the EXL3 GEMM of dsv41/ops/exl3_gpu.h,
+// routed experts through the grouped MoE kernels. The tensors are read and validated by the CPU
+// engine's own loader (exl3::load_exl3_linear), so both engines accept exactly the same checkpoints.
+//
+// Numerics against the CPU engine (src/model/linears.cpp + src/exl3/): the decoded weights are
+// bit-identical (the kernels' decoder matches EXL3.md §2.6), but the kernels stage the Hadamard-
+// rotated input as fp16 (f16 and large paths) or as two int8 levels (int8 path, MUL1, m <= 4, with
+// the affine MUL1 codebook) and accumulate in another order than the CPU's fp32 Hadamard
+// formulation: a linear's outputs differ by about 2e-4 of their scale, so some bf16 roundings
+// downstream flip by one ulp (tolerances: tests/gpu_model/exl3_parity_test.cpp). The kernel path
+// follows the row count (int8 / f16 up to 8 rows, large beyond), so unlike the FP8/FP4 path the
+// results are not bit-identical across pass and chunk sizes. The MoE keeps the CPU engine's routing (the router op), rounding points
+// (MoeParams::bf16_points: g, u, weighted activation, each expert's output, the sum) and order of
+// sums (experts in increasing id, shared expert last).
+#include "cuda_model/cuda_impl.h"
+
+#if DSV41_HAS_CUDA
+#include <algorithm>
+#include <cmath>
+
+#include "dsv41/common/error.h"
+#include "dsv41/common/numeric.h"
+#include "dsv41/exl3/exl3_linear.h"
+
+namespace dsv41::model::cuda {
+namespace gpu = ops::gpu;
+
+namespace {
+
+// Vectors the CPU loader widened to fp32, back to the fp16 the kernels read. Stored suh/svh/bias
+// are F16 (legacy sign words give ±1), so this is exact; anything else is refused.
+std::vector<uint16_t> to_f16_exact(const std::vector<float>& v, const std::string& what) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    h[i] = f32_to_f16_bits(v[i]);
+    DSV_CHECK(f16_bits_to_f32(h[i]) == v[i],
+              "{}[{}] = {} is not an fp16 value (the CUDA EXL3 kernels read fp16 scales and biases)", what, i, v[i]);
+  }
+  return h;
+}
+
+int codebook_id(exl3::Codebook c) {
+  switch (c) {
+    case exl3::Codebook::k3Inst: return 0;
+    case exl3::Codebook::kMcg: return 1;
+    case exl3::Codebook::kMul1: return 2;
+  }
+  return 2;
+}
+
+// Tokens per grouped-MoE call: the kernels take m <= 8 tokens and m * top_k <= 128 selections.
+int64_t moe_tokens_per_call(int64_t top_k) { return std::min<int64_t>(8, 128 / top_k); }
+
+}  // namespace
+
+GpuLinear Impl::upload_exl3(const std::string& prefix, int64_t in, int64_t out) {
+  const std::unique_ptr<Linear> cpu = exl3::load_exl3_linear(*ckpt, prefix, in, out);
+  const auto* lin = dynamic_cast<const exl3::Exl3Linear*>(cpu.get());
+  DSV_ASSERT(lin != nullptr, "{}: the EXL3 loader returned another linear type", prefix);
+  const exl3::Exl3Tensors& t = lin->storage();
+  GpuLinear l;
+  l.kind = GpuLinear::Kind::Exl3;
+  l.in = in;
+  l.out = out;
+  l.w = DeviceBuffer(static_cast<size_t>(t.trellis_bytes()));
+  l.w.upload(t.trellis, static_cast<size_t>(t.trellis_bytes()));
+  // s = suh [k] | svh [n] | bias [n] (fp16)
+  std::vector<uint16_t> s = to_f16_exact(t.suh, prefix + ".suh");
+  const std::vector<uint16_t> svh = to_f16_exact(t.svh, prefix + ".svh");
+  s.insert(s.end(), svh.begin(), svh.end());
+  if (!t.bias.empty()) {
+    const std::vector<uint16_t> bias = to_f16_exact(t.bias, prefix + ".bias");
+    s.insert(s.end(), bias.begin(), bias.end());
+  }
+  l.s = DeviceBuffer::from(s);
+  const uint16_t* sp = l.s.as<uint16_t>();
+  l.exl3.trellis = l.w.as<uint16_t>();
+  l.exl3.suh = sp;
+  l.exl3.svh = sp + t.k;
+  l.exl3.bias = t.bias.empty() ? nullptr : sp + t.k + t.n;
+  l.exl3.k = static_cast<int32_t>(t.k);
+  l.exl3.n = static_cast<int32_t>(t.n);
+  l.exl3.bits = t.K;
+  l.exl3.codebook = codebook_id(t.codebook);
+  // Any row count up to the pass size may reach this linear (the head: a pass's logit rows). The
+  // plan, and with it the workspace, depends on the shape and the row count only: size each
+  // distinct shape once over every row count.
+  const std::array<int32_t, 4> shape{l.exl3.k, l.exl3.n, l.exl3.bits, l.exl3.codebook};
+  if (std::find(exl3_shapes.begin(), exl3_shapes.end(), shape) == exl3_shapes.end()) {
+    exl3_shapes.push_back(shape);
+    for (int64_t m = 1; m <= std::max<int64_t>(1, opts.max_chunk_tokens); ++m)
+      exl3_ws_bytes = std::max(exl3_ws_bytes, ops::exl3_gemm_plan(l.exl3, m).workspace);
+  }
+  weight_bytes += static_cast<int64_t>(l.w.bytes() + l.s.bytes());
+  count_weight_bytes(l);
+  return l;
+}
+
+void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp) {
+  const ModelConfig& c = cfg;
+  const int64_t dim = c.hidden_size, inter = c.moe_intermediate_size, E = b.n_experts;
+  DSV_CHECK(b.top_k >= 1 && b.top_k <= 128, "{}: {} experts per token; the CUDA EXL3 MoE takes 1..128", fp, b.top_k);
+  DSV_CHECK(E >= 1 && E <= 1023, "{}: {} routed experts; the CUDA EXL3 MoE takes 1..1023", fp, E);
+  for (const GpuLinear* s : {&b.sh_w1, &b.sh_w2, &b.sh_w3})
+    DSV_CHECK(s->kind == GpuLinear::Kind::Exl3,
+              "{}.shared_experts: the routed experts are EXL3, so the CUDA backend needs an EXL3 shared expert too "
+              "(it runs in the same grouped MoE call)",
+              fp);
+  GpuExl3Experts& x = b.x_experts;
+  std::vector<ops::Exl3Matrix> gate, up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string p = fp + ".experts." + std::to_string(e);
+    for (const char* w : {".w1", ".w2", ".w3"})
+      DSV_CHECK(exl3::is_exl3_linear(*ckpt, p + w),
+                "{}{}: expert 0 of this layer is EXL3, so every routed expert must be (the CUDA MoE runs one format "
+                "per layer)",
+                p, w);
+    x.w1.push_back(upload_exl3(p + ".w1", dim, inter));
+    x.w2.push_back(upload_exl3(p + ".w2", inter, dim));
+    x.w3.push_back(upload_exl3(p + ".w3", dim, inter));
+    gate.push_back(x.w1.back().exl3);
+    down.push_back(x.w2.back().exl3);
+    up.push_back(x.w3.back().exl3);
+  }
+  gate.push_back(b.sh_w1.exl3);
+  down.push_back(b.sh_w2.exl3);
+  up.push_back(b.sh_w3.exl3);
+  x.hidden = gate.front().k;
+  x.inter = gate.front().n;
+  for (const auto* table : {&gate, &up, &down})
+    for (const ops::Exl3Matrix& m : *table) x.max_bits = std::max(x.max_bits, static_cast<int>(m.bits));
+  x.gate = DeviceBuffer::from(gate);
+  x.up = DeviceBuffer::from(up);
+  x.down = DeviceBuffer::from(down);
+
+  // Workspace for the largest call (m tokens per call; the layout grows with m).
+  ops::MoeParams p;
+  p.gate = x.gate.as<ops::Exl3Matrix>();
+  p.up = x.up.as<ops::Exl3Matrix>();
+  p.down = x.down.as<ops::Exl3Matrix>();
+  p.n_experts = static_cast<int>(E);
+  p.has_shared = true;
+  p.hidden = x.hidden;
+  p.inter = x.inter;
+  p.max_bits = x.max_bits;
+  p.x = p.y = x.gate.get();  // planning checks only that pointers are set; sizes decide the workspace
+  p.topk_ids = x.gate.as<int32_t>();
+  p.topk_weights = x.gate.as<float>();
+  p.topk = static_cast<int>(b.top_k);
+  p.x_cols = p.x_stride = p.y_cols = p.y_stride = dim;
+  const int64_t most = std::min(moe_tokens_per_call(b.top_k), std::max<int64_t>(1, opts.max_chunk_tokens));
+  for (int64_t m = 1; m <= most; ++m) {
+    p.m = static_cast<int>(m);
+    exl3_moe_ws_bytes = std::max(exl3_moe_ws_bytes, ops::exl3_moe_workspace_bytes(p));
+  }
+}
+
+void Impl::alloc_exl3_workspaces() {
+  if (exl3_ws_bytes > 0) {
+    exl3_ws = DeviceBuffer(exl3_ws_bytes);
+    ops::exl3_workspace_init(exl3_ws.get(), exl3_ws.bytes(), stream);
+  }
+  if (exl3_moe_ws_bytes > 0) {
+    exl3_moe_ws = DeviceBuffer(exl3_moe_ws_bytes);
+    ops::exl3_workspace_init(exl3_moe_ws.get(), exl3_moe_ws.bytes(), stream);
+  }
+  gpu::check_cuda(cudaStreamSynchronize(stream), "EXL3 workspace init");
+}
+
+// y = x·W on the EXL3 GEMM: fp32 activations in, fp32 sums out (padded inputs read as zeros, padded
+// outputs trimmed by the kernel), then the reference's bf16 rounding where asked.
+void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
+                       bool round) {
+  ops::GemmParams p;
+  p.w = l.exl3;
+  p.x = x;
+  p.x_type = ops::ActType::F32;
+  p.m = m;
+  p.x_cols = l.in;
+  p.x_stride = x_stride;
+  p.y = y;
+  p.y_type = ops::ActType::F32;
+  p.y_cols = l.out;
+  p.y_stride = y_stride;
+  p.workspace = exl3_ws.get();
+  p.workspace_bytes = exl3_ws.bytes();
+  ops::exl3_gemm(p, stream);
+  if (round) {
+    gpu::ScaleRoundArgs r{y, m, l.out, y_stride, 1.0f};
+    gpu::scale_round(r, stream);
+  }
+}
+
+// The MoE of an EXL3 layer after the router (block.cpp moe): the selected experts and the shared
+// expert in one grouped call per (up to) 8 tokens, written to sc.y as bf16 values.
+void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
+  const GpuExl3Experts& x = b.x_experts;
+  const int64_t dim = cfg.hidden_size, K = b.top_k, per = moe_tokens_per_call(K);
+  ops::MoeParams p;
+  p.gate = x.gate.as<ops::Exl3Matrix>();
+  p.up = x.up.as<ops::Exl3Matrix>();
+  p.down = x.down.as<ops::Exl3Matrix>();
+  p.n_experts = static_cast<int>(b.n_experts);
+  p.has_shared = true;
+  p.hidden = x.hidden;
+  p.inter = x.inter;
+  p.max_bits = x.max_bits;
+  p.swiglu_limit = static_cast<float>(cfg.swiglu_limit);
+  p.bf16_points = true;
+  p.x_type = ops::ActType::F32;
+  p.x_cols = p.x_stride = dim;
+  p.topk = static_cast<int>(K);
+  p.y_type = ops::ActType::F32;
+  p.y_cols = p.y_stride = dim;
+  p.workspace = exl3_moe_ws.get();
+  p.workspace_bytes = exl3_moe_ws.bytes();
+  for (int64_t t0 = 0; t0 < n; t0 += per) {
+    p.m = static_cast<int>(std::min(per, n - t0));
+    p.x = sc.x + t0 * dim;
+    p.topk_ids = sc.ids + t0 * K;
+    p.topk_weights = sc.route_w + t0 * K;
+    p.y = sc.y + t0 * dim;
+    ops::exl3_moe(p, stream);
+  }
+}
+
+}  // namespace dsv41::model::cuda
+#endif

@@ -1,0 +1,69 @@
+// The start-up budget of the CUDA engine (--device cuda): weights, the state pool and the scratch
+// arena are device items; the host-side Engram cache is a device item only where the GPU shares
+// system memory. No GPU is needed: the items are arithmetic on the config and the options.
+#include <gtest/gtest.h>
+
+#include "dsv41/common/error.h"
+#include "dsv41/config/model_config.h"
+#include "runtime/serve_startup.h"
+
+using namespace dsv41;
+using namespace dsv41::runtime;
+
+namespace {
+
+const std::string kModel = std::string(DSV41_FIXTURES_DIR) + "/tiny-s0/model";
+
+uint64_t item(const std::vector<BudgetItem>& items, const std::string& name) {
+  for (auto& i : items)
+    if (i.name == name) return i.bytes;
+  ADD_FAILURE() << "no budget item " << name;
+  return 0;
+}
+
+}  // namespace
+
+TEST(CudaBudget, DeviceItemsFollowTheOptions) {
+  const ModelConfig c = load_model_config(kModel + "/config.json");
+  ServeMemoryPlan p;
+  p.weight_bytes = 10'000'000'000;
+  p.world_size = 1;
+  p.kv_cache_gib = 3.5;
+  p.engram_cache_gib = 0.25;
+  const auto discrete = cuda_serve_budget_items(c, p, 256, 128, false);
+  EXPECT_EQ(discrete.size(), 6u);  // the same rows as the CPU table
+  EXPECT_EQ(item(discrete, budget_item::kWeights), 10'000'000'000u);  // every weight is uploaded
+  EXPECT_EQ(item(discrete, budget_item::kSequenceStatePool), uint64_t(3.5 * double(kGiB)));
+  EXPECT_EQ(item(discrete, budget_item::kEngramCache), 0u);  // host memory on a discrete GPU
+  EXPECT_EQ(item(discrete, budget_item::kWorkspaces), cuda_scratch_bytes(c, 256, 128));
+  const auto host = cuda_host_budget_items(p);
+  ASSERT_EQ(host.size(), 1u);
+  EXPECT_EQ(item(host, budget_item::kEngramCache), kGiB / 4);
+  const auto unified = cuda_serve_budget_items(c, p, 256, 128, true);
+  EXPECT_EQ(item(unified, budget_item::kEngramCache), kGiB / 4);
+}
+
+TEST(CudaBudget, ScratchCoversLogitsAndScoreRowsOfEveryPassToken) {
+  const ModelConfig c = load_model_config(kModel + "/config.json");
+  int64_t min_ratio = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (c.ratio(l) > 0 && (min_ratio == 0 || c.ratio(l) < min_ratio)) min_ratio = c.ratio(l);
+  ASSERT_GT(min_ratio, 0);
+  for (int64_t m : {1, 64, 256})
+    for (int64_t ctx : {128, 4096, 1 << 20}) {
+      const uint64_t floor = uint64_t(m) * uint64_t(c.vocab_size + ctx / min_ratio + c.hc_mult * c.hidden_size) * 4;
+      EXPECT_GE(cuda_scratch_bytes(c, m, ctx), floor) << m << " " << ctx;
+    }
+  EXPECT_GT(cuda_scratch_bytes(c, 256, 1 << 20), cuda_scratch_bytes(c, 256, 4096));
+  EXPECT_GT(cuda_scratch_bytes(c, 256, 4096), cuda_scratch_bytes(c, 64, 4096));
+  EXPECT_THROW(cuda_scratch_bytes(c, 0, 128), Error);
+}
+
+#if !DSV41_HAS_CUDA
+TEST(CudaBudget, NoCudaInTheBuildMeansNoDevices) {
+  std::string why;
+  EXPECT_EQ(cuda_device_count(&why), 0);
+  EXPECT_NE(why.find("built without CUDA"), std::string::npos) << why;
+  EXPECT_THROW(cuda_device_info(0), Error);
+}
+#endif

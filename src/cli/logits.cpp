@@ -70,13 +70,16 @@ int run_logits(const LogitsOptions& o) {
   model::CpuModelOptions mo = cpu_model_options(o.load);
   mo.dspark = o.dspark;
   if (o.load.device == "cuda") {  // the CUDA backend (include/dsv41/model/cuda_model.h)
-    DSV_CHECK(o.tp.world_size <= 1, "--device cuda: the logits tool runs the CUDA backend on one GPU (no --world-size)");
     model::CudaModelOptions co;
     co.dspark = o.dspark;
     co.engram_token_map = mo.engram_token_map;
     co.engram_storage = mo.engram_storage;
     co.corrected_index_keys = mo.corrected_index_keys;
     co.max_context = static_cast<int64_t>(prompt.size()) + o.decode;  // sequence room for exactly this run
+    if (o.tp.world_size > 1) {  // rank 0 of a CUDA tensor-parallel run (NCCL), on GPU 0
+      auto tp = start_tool_tp_model_cuda(o.tp, o.load, co);
+      return write_logits(*tp, o, prompt);
+    }
     auto cuda = model::CudaModel::load(o.load.model_dir, co);
     return write_logits(*cuda, o, prompt);
   }

@@ -119,9 +119,15 @@ constexpr int kCudaDevice = 0;  // the CUDA engine runs on the first visible GPU
 // Why the CUDA engine cannot serve these options ("" when it can): --device cuda refuses with it,
 // --device auto falls back to the CPU engine.
 std::string cuda_unsupported(const ServeOptions& o) {
-  if (o.world_size > 1)
-    return fmt::format("tensor parallelism (--world-size {}) runs on the CPU engine only; use --device cpu or "
-                       "--world-size 1",
+  // Tensor parallelism on the CUDA backend (every rank --device cuda, NCCL): no DSpark stages yet,
+  // and --device auto keeps the CPU engine there (all ranks must pick the same backend).
+  if (o.world_size > 1 && o.device == "auto")
+    return fmt::format("tensor parallelism (--world-size {}) uses the CUDA backend only with --device cuda on every "
+                       "rank",
+                       o.world_size);
+  if (o.world_size > 1 && o.rank == 0 && o.spec_method == "dspark")
+    return fmt::format("speculative decoding (--spec-method dspark) with tensor parallelism (--world-size {}) runs on "
+                       "the CPU engine only; use --device cpu or --spec-method none",
                        o.world_size);
   std::string why;
   if (runtime::cuda_device_count(&why) == 0) return why;
@@ -255,7 +261,12 @@ int run_serve(const ServeOptions& o) {
     cuda_mo.dspark = !o.no_dspark;
     cuda_mo.engram_storage = storage;
     cuda_mo.engram_store = engram_store;
-    cuda_model = model::CudaModel::load(o.model_dir, cuda_mo);
+    if (o.world_size > 1) {  // rank 0 of a CUDA tensor-parallel run: the DSpark stages are not split yet
+      cuda_mo.dspark = false;
+      tp_model = start_serve_tp_model_cuda(o, cuda_mo);
+    } else {
+      cuda_model = model::CudaModel::load(o.model_dir, cuda_mo);
+    }
   } else {
     model::CpuModelOptions mo;
     mo.engram_token_map = o.engram_token_map;

@@ -33,6 +33,24 @@ std::unique_ptr<dist::TpModel> start_tool_tp_model(const TpArgs& a, const ModelL
   return m;
 }
 
+std::unique_ptr<dist::TpModel> start_tool_tp_model_cuda(const TpArgs& a, const ModelLoadArgs& load,
+                                                        const model::CudaModelOptions& co) {
+  DSV_CHECK(a.world_size > 1, "start_tool_tp_model_cuda needs --world-size > 1");
+  dist::TpHeadOptions ho;
+  ho.world_size = a.world_size;
+  ho.master_addr = a.master_addr;
+  ho.master_port = a.master_port;
+  ho.model_dir = load.model_dir;
+  ho.run.dspark = co.dspark;
+  ho.run.corrected_index_keys = co.corrected_index_keys;
+  ho.exit_workers_on_close = true;
+  spdlog::info("waiting for {} worker rank(s) (--device cuda) on {}:{}", a.world_size - 1, a.master_addr,
+               a.master_port);
+  auto m = dist::TpModel::start_cuda(ho, co);
+  m->wait_for_workers(kToolWorkerWaitS);
+  return m;
+}
+
 int run_worker_rank(const ServeOptions& o) {
   dist::TpWorkerOptions w;
   w.rank = o.rank;
@@ -58,6 +76,26 @@ std::unique_ptr<dist::TpModel> start_serve_tp_model(const ServeOptions& o, const
   ho.run.corrected_index_keys = mo.corrected_index_keys;
   ho.exit_workers_on_close = false;  // a restarted server finds its workers waiting
   auto m = dist::TpModel::start(ho, mo);
+  try {
+    m->wait_for_workers(kToolWorkerWaitS);
+  } catch (const Error& e) {
+    spdlog::warn("{}; serving anyway (requests fail with 503 until every rank is ready)", e.what());
+  }
+  return m;
+}
+
+std::unique_ptr<dist::TpModel> start_serve_tp_model_cuda(const ServeOptions& o, const model::CudaModelOptions& co) {
+  dist::TpHeadOptions ho;
+  ho.world_size = o.world_size;
+  ho.master_addr = o.master_addr;
+  ho.master_port = o.master_port;
+  ho.model_dir = o.model_dir;
+  ho.run.dspark = co.dspark;
+  ho.run.corrected_index_keys = co.corrected_index_keys;
+  ho.exit_workers_on_close = false;
+  // start_cuda returns once every worker has joined the NCCL communicator (the HTTP port answers
+  // "loading" meanwhile); a worker that restarts later cannot rejoin it (restart the server too).
+  auto m = dist::TpModel::start_cuda(ho, co);
   try {
     m->wait_for_workers(kToolWorkerWaitS);
   } catch (const Error& e) {

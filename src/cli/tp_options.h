@@ -32,6 +32,11 @@ inline constexpr double kToolWorkerWaitS = 1800.0;
 std::unique_ptr<dist::TpModel> start_tool_tp_model(const TpArgs& a, const ModelLoadArgs& load,
                                                    const model::CpuModelOptions& mo);
 
+// The same with the CUDA backend on every rank (dist::TpModel::start_cuda): rank 0 runs on
+// co.device, the workers must be started with --device cuda.
+std::unique_ptr<dist::TpModel> start_tool_tp_model_cuda(const TpArgs& a, const ModelLoadArgs& load,
+                                                        const model::CudaModelOptions& co);
+
 // The bare form with --rank > 0: the headless worker (no HTTP server), until rank 0 says exit.
 int run_worker_rank(const ServeOptions& o);
 
@@ -39,5 +44,7 @@ int run_worker_rank(const ServeOptions& o);
 // (while the HTTP port answers "loading") for the workers; if they do not come within
 // kToolWorkerWaitS it serves anyway and requests get 503 naming the missing rank until they do.
 std::unique_ptr<dist::TpModel> start_serve_tp_model(const ServeOptions& o, const model::CpuModelOptions& mo);
+// The same with the CUDA backend on every rank (workers started with --device cuda).
+std::unique_ptr<dist::TpModel> start_serve_tp_model_cuda(const ServeOptions& o, const model::CudaModelOptions& co);
 
 }  // namespace dsv41::cli

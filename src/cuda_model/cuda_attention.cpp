@@ -19,7 +19,7 @@ namespace gpu = ops::gpu;
 void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, start = p.start, end = start + n, L = b.layer;
-  const int64_t dim = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim, rd = c.qk_rope_head_dim;
+  const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim;
   const int64_t win = c.sliding_window, qlr = c.q_lora_rank;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float* freqs = b.freqs.as<float>();
@@ -41,9 +41,11 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true);
   gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
   gpu::rms_norm(qn, stream);
-  linear(b.wq_b, sc.qr, qlr, n, sc.q, H * hd, true);
+  // Under tensor parallelism q, o hold this rank's heads only (b.n_heads; all of them at TP 1).
+  const int64_t Hl = b.n_heads;
+  linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true);
   linear(b.wkv, sc.x, dim, n, sc.kv, hd, true);
-  rope(sc.q + hd - rd, H, hd, H * hd, false);
+  rope(sc.q + hd - rd, Hl, hd, Hl * hd, false);
   gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
   gpu::rms_norm(kn, stream);
   rope(sc.kv + hd - rd, 1, hd, hd, false);
@@ -221,12 +223,12 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   sa.sink = b.sink.as<float>();
   sa.scale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5));
   sa.n_q = n;
-  sa.heads = H;
+  sa.heads = Hl;
   sa.d = hd;
   sa.out = sc.o;
   if (n == 1) gpu::sparse_attention_decode(sa, stream);
   else gpu::sparse_attention_prefill(sa, stream);
-  rope(sc.o + hd - rd, H, hd, H * hd, true);
+  rope(sc.o + hd - rd, Hl, hd, Hl * hd, true);
   attn_output(b, n);
 
   // ---- ring update: the chunk's last min(n, win) rows ----
@@ -238,32 +240,38 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   }
 }
 
-// Grouped low-rank output and wo_b (attention.cpp attn_output): sc.o [n][H*hd] -> sc.y [n][dim]
-// (also the DSpark block's, cuda_dspark.cpp).
+// Grouped low-rank output and wo_b (attention.cpp attn_output): sc.o [n][Hl*hd] -> sc.y [n][dim]
+// (also the DSpark block's, cuda_dspark.cpp). A split block (cuda_tp.cpp) writes its groups' z
+// columns and its wo_b outputs into zeroed buffers that the ranks all-reduce.
 void Impl::attn_output(const GpuBlock& b, int64_t n) {
   const ModelConfig& c = cfg;
-  const int64_t H = c.num_attention_heads, hd = c.head_dim, G = c.o_groups, R = c.o_lora_rank;
+  const int64_t H = c.num_attention_heads, hd = c.head_dim, G = c.o_groups, R = c.o_lora_rank, dim = c.hidden_size;
+  const int64_t Hl = b.n_heads, Gl = b.n_groups, g0 = b.group_begin, in_g = H * hd / G;
+  if (b.split) tp_zero(sc.z, n * G * R);
   if (!b.wo_a_slices.empty()) {  // EXL3 layout: group g's heads through slice g, outputs side by side
-    const int64_t in_g = H * hd / G;
-    for (int64_t g = 0; g < G; ++g)
-      linear(b.wo_a_slices[static_cast<size_t>(g)], sc.o + g * in_g, H * hd, n, sc.z + g * R, G * R, true);
-    linear(b.wo_b, sc.z, G * R, n, sc.y, c.hidden_size, true);
-    return;
+    for (int64_t g = 0; g < Gl; ++g)
+      linear(b.wo_a_slices[static_cast<size_t>(g)], sc.o + g * in_g, Hl * hd, n, sc.z + (g0 + g) * R, G * R, true);
+  } else {
+    gpu::DenseArgs wa;
+    wa.w = b.wo_a.get();
+    wa.wt = b.wo_a_type;
+    wa.in = in_g;
+    wa.out = R;
+    wa.groups = Gl;
+    wa.x = sc.o;
+    wa.x_stride = Hl * hd;
+    wa.m = n;
+    wa.y = sc.z + g0 * R;
+    wa.y_stride = G * R;
+    wa.round_bf16 = true;
+    gpu::lin_dense(wa, stream);
   }
-  gpu::DenseArgs wa;
-  wa.w = b.wo_a.get();
-  wa.wt = b.wo_a_type;
-  wa.in = H * hd / G;
-  wa.out = R;
-  wa.groups = G;
-  wa.x = sc.o;
-  wa.x_stride = H * hd;
-  wa.m = n;
-  wa.y = sc.z;
-  wa.y_stride = G * R;
-  wa.round_bf16 = true;
-  gpu::lin_dense(wa, stream);
-  linear(b.wo_b, sc.z, G * R, n, sc.y, c.hidden_size, true);
+  if (b.split) {
+    tp_sum(sc.z, n * G * R);
+    tp_zero(sc.y, n * dim);
+  }
+  linear(b.wo_b, sc.z, G * R, n, sc.y + b.wo_b_begin, dim, true);
+  if (b.split) tp_sum(sc.y, n * dim);
 }
 
 }  // namespace dsv41::model::cuda

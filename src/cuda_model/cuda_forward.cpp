@@ -87,6 +87,9 @@ void Impl::moe(const GpuBlock& b, int64_t n) {
     return;
   }
 
+  // Tensor parallelism: this rank's bank holds experts [expert_begin, ..); other ranks' pairs get
+  // id -1 (zero rows) and the routed rows are all-reduced (cuda_tp.cpp).
+  const int32_t* bank_ids = b.split ? tp_local_expert_ids(b, pairs) : sc.ids;
   gpu::ActQuantArgs q{sc.x, n, dim, dim, sc.codes, sc.act_scales};
   gpu::act_quant8(q, stream);
   auto bank = [&](const GpuExpertBank& w, int64_t div, float* y, int64_t out) {
@@ -95,7 +98,7 @@ void Impl::moe(const GpuBlock& b, int64_t n) {
     a.x_codes = sc.codes;
     a.x_scales = sc.act_scales;
     a.rows = pairs;
-    a.expert_ids = sc.ids;
+    a.expert_ids = bank_ids;
     a.x_row_div = div;
     a.y = y;
     a.y_stride = out;
@@ -110,12 +113,24 @@ void Impl::moe(const GpuBlock& b, int64_t n) {
   gpu::ActQuantArgs q2{sc.eg, pairs, inter, inter, sc.codes, sc.act_scales};
   gpu::act_quant8(q2, stream);
   bank(b.w2, 1, sc.routed, dim);
+  if (b.split) tp_sum(sc.routed, pairs * dim);
 
-  linear(b.sh_w1, sc.x, dim, n, sc.sg, inter, true);
-  linear(b.sh_w3, sc.x, dim, n, sc.su, inter, true);
+  // Shared expert; split: column slices of w1/w3 and w2 written into zeroed buffers, all-reduced.
+  if (b.split) {
+    tp_zero(sc.sg, n * inter);
+    tp_zero(sc.su, n * inter);
+  }
+  linear(b.sh_w1, sc.x, dim, n, sc.sg + b.sh_inter_begin, inter, true);
+  linear(b.sh_w3, sc.x, dim, n, sc.su + b.sh_inter_begin, inter, true);
+  if (b.split) {
+    tp_sum(sc.sg, n * inter);
+    tp_sum(sc.su, n * inter);
+  }
   gpu::SwigluArgs ss{sc.sg, sc.su, n, inter, nullptr, limit, sc.sg};
   gpu::swiglu(ss, stream);
-  linear(b.sh_w2, sc.sg, inter, n, sc.shared, dim, true);
+  if (b.split) tp_zero(sc.shared, n * dim);
+  linear(b.sh_w2, sc.sg, inter, n, sc.shared + b.sh_dim_begin, dim, true);
+  if (b.split) tp_sum(sc.shared, n * dim);
   gpu::MoeCombineArgs mc{sc.routed, sc.ids, n, K, dim, sc.shared, sc.y};
   gpu::moe_combine(mc, stream);
 }
@@ -203,18 +218,21 @@ void Impl::head_logits(const float* x, int64_t rows, float* y) {
     linear(head_exl3, x, cfg.hidden_size, rows, y, cfg.vocab_size, false);
     return;
   }
+  // Tensor parallelism: this rank's vocabulary rows into a zeroed [rows][vocab], all-reduced.
+  if (head_split) tp_zero(y, rows * cfg.vocab_size);
   gpu::DenseArgs ha;
   ha.w = head.get();
   ha.wt = head_type;
   ha.in = cfg.hidden_size;
-  ha.out = cfg.vocab_size;
+  ha.out = vocab_end - vocab_begin;
   ha.x = x;
   ha.x_stride = cfg.hidden_size;
   ha.m = rows;
-  ha.y = y;
+  ha.y = y + vocab_begin;
   ha.y_stride = cfg.vocab_size;
   ha.round_bf16 = false;
   gpu::lin_dense(ha, stream);
+  if (head_split) tp_sum(y, rows * cfg.vocab_size);
 }
 
 void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int64_t logit_rows_from,

@@ -12,6 +12,7 @@
 
 #include "cuda_model/cuda_state_memory.h"
 #include "dsv41/engram/row_store.h"
+#include "dsv41/dist/collective.h"
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/model/cuda_model.h"
 #include "dsv41/ops/exl3_gpu.h"
@@ -84,6 +85,12 @@ struct GpuBlock {
   int64_t engram_index = -1;
   GpuLinear e_wkv;
   DeviceBuffer e_gate_w;  // [hc][dim] fp32(q)·fp32(k)
+  // Tensor parallelism (cuda_tp.cpp): this rank's share. A block loaded whole (TP 1, DSpark
+  // stages) has split = false, all heads/groups and begin offsets 0.
+  bool split = false;
+  int64_t head_begin = 0, n_heads = 0, group_begin = 0, n_groups = 0;  // whole output groups
+  int64_t wo_b_begin = 0, sh_inter_begin = 0, sh_dim_begin = 0;      // column slices (output rows)
+  int64_t expert_begin = 0;                                          // routed ids [begin, begin + w1.n)
 };
 
 // One KV source's compressed cache on the device (spans of the state's blocks, cuda_state.cpp).
@@ -181,6 +188,14 @@ struct Impl {
   std::shared_ptr<DsparkModel> dspark;  // null: no DSpark stages loaded (cuda_dspark.cpp)
   int64_t dspark_stages = 0;            // DSpark rings per sequence state
   StagedUploader* staging = nullptr;    // set while load() runs: weight uploads go through it
+  // Tensor parallelism (cuda_tp.cpp): the collective (device memory), this rank, the head's
+  // vocabulary slice, and the routed-expert ids of this rank's bank (-1: another rank's expert).
+  dist::Collective* tp = nullptr;
+  int tp_rank = 0, tp_world = 1;
+  bool head_split = false;
+  int64_t vocab_begin = 0, vocab_end = 0;
+  DeviceBuffer tp_ids;
+  std::vector<int32_t> tp_ids_host;
 
   ~Impl();
   // ---- loading (src/cuda_model/cuda_load.cpp) ----
@@ -189,9 +204,18 @@ struct Impl {
   // Engram; the dspark_* expert counts).
   void load_block(GpuBlock& b, int64_t layer, const std::string& prefix = {}, bool is_dspark = false);
   GpuLinear upload_linear(const std::string& prefix, int64_t in, int64_t out, int kind);
+  // Output rows [row_begin, row_end) of a linear (a column slice under tensor parallelism).
+  GpuLinear upload_linear_rows(const std::string& prefix, int64_t in, int64_t out, int64_t row_begin,
+                               int64_t row_end, int kind);
   void alloc_scratch();
   void count_weight_bytes(const GpuLinear& l);
   CudaMemoryBreakdown memory_breakdown() const;
+  // ---- tensor parallelism (src/cuda_model/cuda_tp.cpp) ----
+  void tp_setup();                                   // from opts.tp, before loading
+  dist::Range tp_share(int64_t total, int64_t align, const char* what) const;  // this rank's non-empty range
+  void tp_zero(float* d, int64_t count);             // zero a buffer a split layer fills in part
+  void tp_sum(float* d, int64_t count);              // all-reduce it (every rank adds exact zeros)
+  const int32_t* tp_local_expert_ids(const GpuBlock& b, int64_t pairs);
   // ---- EXL3 (src/cuda_model/cuda_exl3.cpp) ----
   GpuLinear upload_exl3(const std::string& prefix, int64_t in, int64_t out);
   void load_exl3_experts(GpuBlock& b, const std::string& ffn_prefix);  // after the shared expert

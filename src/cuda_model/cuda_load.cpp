@@ -105,6 +105,57 @@ GpuLinear Impl::upload_linear(const std::string& prefix, int64_t in, int64_t out
   return l;
 }
 
+GpuLinear Impl::upload_linear_rows(const std::string& prefix, int64_t in, int64_t out, int64_t row_begin,
+                                   int64_t row_end, int kind_int) {
+  if (row_begin == 0 && row_end == out) return upload_linear(prefix, in, out, kind_int);
+  const auto kind = static_cast<LinearKind>(kind_int);
+  const Checkpoint& ck = *ckpt;
+  DSV_CHECK(!exl3::is_exl3_linear(ck, prefix),
+            "{}: tensor parallelism on the CUDA backend does not split EXL3 linears yet; use --world-size 1 or "
+            "--device cpu",
+            prefix);
+  DSV_CHECK(row_begin >= 0 && row_begin < row_end && row_end <= out, "{}: row slice [{}, {}) of {} rows", prefix,
+            row_begin, row_end, out);
+  const int64_t rows = row_end - row_begin;
+  GpuLinear l;
+  l.in = in;
+  l.out = rows;
+  const TensorInfo& w = ck.get(prefix + ".weight");
+  if (kind == LinearKind::kAuto && (w.dtype == DType::F8_E4M3 || w.dtype == DType::I8)) {
+    (void)load_linear(ck, prefix, in, out, kind);  // the CPU engine's shape checks
+    const TensorInfo& s = ck.get(prefix + ".scale");
+    size_t w_off, w_bytes, s_off, s_bytes;
+    if (w.dtype == DType::F8_E4M3) {  // codes [out][in], scales [ceil(out/32)][ceil(in/32)]
+      DSV_CHECK(row_begin % 32 == 0, "{}: an FP8 row slice must start at a multiple of 32 (got {})", prefix, row_begin);
+      const int64_t nb = (in + 31) / 32;
+      w_off = static_cast<size_t>(row_begin * in);
+      w_bytes = static_cast<size_t>(rows * in);
+      s_off = static_cast<size_t>(row_begin / 32 * nb);
+      s_bytes = static_cast<size_t>((rows + 31) / 32 * nb);
+      l.kind = GpuLinear::Kind::Fp8;
+    } else {  // FP4: packed [out][in/2], scales [out][in/32]
+      w_off = static_cast<size_t>(row_begin * (in / 2));
+      w_bytes = static_cast<size_t>(rows * (in / 2));
+      s_off = static_cast<size_t>(row_begin * (in / 32));
+      s_bytes = static_cast<size_t>(rows * (in / 32));
+      l.kind = GpuLinear::Kind::Fp4;
+    }
+    l.w = DeviceBuffer(w_bytes);
+    upload_bytes(staging, l.w, w.data + w_off, w_bytes);
+    l.s = DeviceBuffer(s_bytes);
+    upload_bytes(staging, l.s, s.data + s_off, s_bytes);
+  } else {
+    std::vector<float> v = load_dense_weight(ck, prefix, in, out);
+    if (kind == LinearKind::kBF16 && w.dtype == DType::F8_E4M3) round_to_bf16(v);
+    const std::vector<float> part(v.begin() + row_begin * in, v.begin() + row_end * in);
+    l.kind = GpuLinear::Kind::Dense;
+    l.w = upload_dense(staging, part, l.dense_type, kind == LinearKind::kF32);
+  }
+  weight_bytes += static_cast<int64_t>(l.w.bytes() + l.s.bytes());
+  count_weight_bytes(l);
+  return l;
+}
+
 void Impl::load_block(GpuBlock& b, int64_t layer, const std::string& prefix_arg, bool is_dspark) {
   const ModelConfig& c = cfg;
   const Checkpoint& ck = *ckpt;
@@ -130,23 +181,49 @@ void Impl::load_block(GpuBlock& b, int64_t layer, const std::string& prefix_arg,
   b.hc_ffn_scale = f32(prefix + ".hc_ffn_scale", {3});
 
   const std::string ap = prefix + ".attn";
+  // Tensor parallelism (cuda_tp.cpp): whole output groups and their heads, column slices of wo_b
+  // and the shared expert, an expert-id range. DSpark stages stay whole (refused in TP for now).
+  const bool split = tp_world > 1 && !is_dspark;
+  b.split = split;
+  {
+    const int64_t G = c.o_groups;
+    DSV_CHECK(!split || (G > 0 && H % G == 0),
+              "tensor parallel: num_attention_heads ({}) must be a multiple of o_groups ({}) to split whole groups", H,
+              G);
+    const dist::Range gr = split ? tp_share(G, 1, "attention output groups") : dist::Range{0, G};
+    b.group_begin = gr.begin;
+    b.n_groups = gr.size();
+    b.head_begin = split ? gr.begin * (H / G) : 0;
+    b.n_heads = split ? gr.size() * (H / G) : H;
+  }
+  const dist::Range dim_rows = split ? tp_share(dim, 32, "hidden columns") : dist::Range{0, dim};
   const int kAuto = static_cast<int>(LinearKind::kAuto), kBF16 = static_cast<int>(LinearKind::kBF16),
             kF32 = static_cast<int>(LinearKind::kF32);
   b.wq_a = upload_linear(ap + ".wq_a", dim, c.q_lora_rank, kAuto);
-  b.wq_b = upload_linear(ap + ".wq_b", c.q_lora_rank, H * hd, kAuto);
+  b.wq_b = upload_linear_rows(ap + ".wq_b", c.q_lora_rank, H * hd, b.head_begin * hd,
+                              (b.head_begin + b.n_heads) * hd, kAuto);
   b.wkv = upload_linear(ap + ".wkv", dim, hd, kAuto);
-  b.wo_b = upload_linear(ap + ".wo_b", c.o_groups * c.o_lora_rank, dim, kAuto);
+  b.wo_b = upload_linear_rows(ap + ".wo_b", c.o_groups * c.o_lora_rank, dim, dim_rows.begin, dim_rows.end, kAuto);
+  b.wo_b_begin = dim_rows.begin;
   b.q_norm = f32(ap + ".q_norm.weight", {c.q_lora_rank});
   b.kv_norm = f32(ap + ".kv_norm.weight", {hd});
-  b.sink = f32(ap + ".attn_sink", {H});
+  {
+    const std::vector<float> sink = load_f32(ck, ap + ".attn_sink", {H});
+    b.sink = upload_vector(staging, std::vector<float>(sink.begin() + b.head_begin,
+                                                       sink.begin() + b.head_begin + b.n_heads));
+    weight_bytes += static_cast<int64_t>(b.sink.bytes());
+  }
   const int64_t in_g = H * hd / c.o_groups;
   if (ck.has(ap + ".wo_a.slice.0.trellis") || ck.has(ap + ".wo_a.slice.0.weight")) {
     // EXL3 layout (EXL3.md §1.8): one linear per group, each EXL3 or left unquantized (cpu_load.cpp).
-    for (int64_t g = 0; g < c.o_groups; ++g)
+    for (int64_t g = b.group_begin; g < b.group_begin + b.n_groups; ++g)
       b.wo_a_slices.push_back(upload_linear(ap + ".wo_a.slice." + std::to_string(g), in_g, c.o_lora_rank, kBF16));
   } else {
     std::vector<float> w = load_dense_weight(ck, ap + ".wo_a", in_g, c.o_groups * c.o_lora_rank);
     if (ck.get(ap + ".wo_a.weight").dtype == DType::F8_E4M3) round_to_bf16(w);
+    if (split)  // this rank's groups: rows [g0·R, g1·R)
+      w = std::vector<float>(w.begin() + b.group_begin * c.o_lora_rank * in_g,
+                             w.begin() + (b.group_begin + b.n_groups) * c.o_lora_rank * in_g);
     b.wo_a = upload_dense(staging, w, b.wo_a_type);
     weight_bytes += static_cast<int64_t>(b.wo_a.bytes());
   }
@@ -187,14 +264,16 @@ void Impl::load_block(GpuBlock& b, int64_t layer, const std::string& prefix_arg,
   b.gate_w = f32(fp + ".gate.weight", {b.n_experts, dim});
   b.gate_bias = f32(fp + ".gate.bias", {b.n_experts});
   const int64_t inter = c.moe_intermediate_size;
+  const dist::Range experts = split ? tp_share(b.n_experts, 1, "routed experts") : dist::Range{0, b.n_experts};
+  b.expert_begin = experts.begin;
   auto bank = [&](GpuExpertBank& k, const char* which, int64_t in, int64_t out) {
     k.in = in;
     k.out = out;
-    k.n = b.n_experts;
+    k.n = experts.size();
     const int64_t wbytes = out * (in / 2), sbytes = out * (in / 32);
     k.packed = DeviceBuffer(static_cast<size_t>(k.n * wbytes));
     k.scales = DeviceBuffer(static_cast<size_t>(k.n * sbytes));
-    for (int64_t e = 0; e < k.n; ++e) {
+    for (int64_t e = experts.begin; e < experts.end; ++e) {
       const std::string p = fp + ".experts." + std::to_string(e) + "." + which;
       DSV_CHECK(!exl3::is_exl3_linear(ck, p),
                 "{}: expert 0 of this layer is not EXL3, so no routed expert may be (the CUDA MoE runs one format per "
@@ -206,22 +285,30 @@ void Impl::load_block(GpuBlock& b, int64_t layer, const std::string& prefix_arg,
                 dtype_name(w.dtype));
       (void)load_linear(ck, p, in, out);  // shape checks of the CPU engine
       const TensorInfo& s = ck.get(p + ".scale");
-      upload_bytes(staging, k.packed, w.data, static_cast<size_t>(wbytes), static_cast<size_t>(e * wbytes));
-      upload_bytes(staging, k.scales, s.data, static_cast<size_t>(sbytes), static_cast<size_t>(e * sbytes));
+      const int64_t slot = e - experts.begin;
+      upload_bytes(staging, k.packed, w.data, static_cast<size_t>(wbytes), static_cast<size_t>(slot * wbytes));
+      upload_bytes(staging, k.scales, s.data, static_cast<size_t>(sbytes), static_cast<size_t>(slot * sbytes));
     }
     weight_bytes += static_cast<int64_t>(k.packed.bytes() + k.scales.bytes());
     weight_bytes_fp4 += static_cast<int64_t>(k.packed.bytes() + k.scales.bytes());
   };
   // EXL3 routed experts run through the grouped MoE kernels (cuda_exl3.cpp), with the shared expert.
   const bool exl3_experts = exl3::is_exl3_linear(ck, fp + ".experts.0.w1");
+  DSV_CHECK(!(split && exl3_experts),
+            "{}.experts: tensor parallelism on the CUDA backend does not split EXL3 experts yet; use --world-size 1 or "
+            "--device cpu",
+            fp);
   if (!exl3_experts) {
     bank(b.w1, "w1", dim, inter);
     bank(b.w2, "w2", inter, dim);
     bank(b.w3, "w3", dim, inter);
   }
-  b.sh_w1 = upload_linear(fp + ".shared_experts.w1", dim, inter, kAuto);
-  b.sh_w2 = upload_linear(fp + ".shared_experts.w2", inter, dim, kAuto);
-  b.sh_w3 = upload_linear(fp + ".shared_experts.w3", dim, inter, kAuto);
+  const dist::Range inter_rows = split ? tp_share(inter, 32, "shared-expert columns") : dist::Range{0, inter};
+  b.sh_w1 = upload_linear_rows(fp + ".shared_experts.w1", dim, inter, inter_rows.begin, inter_rows.end, kAuto);
+  b.sh_w2 = upload_linear_rows(fp + ".shared_experts.w2", inter, dim, dim_rows.begin, dim_rows.end, kAuto);
+  b.sh_w3 = upload_linear_rows(fp + ".shared_experts.w3", dim, inter, inter_rows.begin, inter_rows.end, kAuto);
+  b.sh_inter_begin = inter_rows.begin;
+  b.sh_dim_begin = dim_rows.begin;
   if (exl3_experts) load_exl3_experts(b, fp);
 
   if (!is_dspark && c.is_engram_layer(layer)) {
@@ -258,6 +345,7 @@ void Impl::load(const std::string& dir) {
   DSV_CHECK(opts.device >= 0 && opts.device < n_dev, "CUDA device {} does not exist ({} devices)", opts.device, n_dev);
   ops::gpu::check_cuda(cudaSetDevice(opts.device), "cudaSetDevice");
   ops::gpu::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  tp_setup();  // tensor parallelism: this rank's share is what load_block and the head take
 
   CheckpointOpenOptions co;
   if (!opts.engram_storage.engram_packed.empty()) co.engram_elsewhere = "--engram-packed " + opts.engram_storage.engram_packed;
@@ -289,20 +377,36 @@ void Impl::load(const std::string& dir) {
   embed = DeviceBuffer(emb.nbytes);
   upload_bytes(staging, embed, emb.data, emb.nbytes);
   weight_bytes += static_cast<int64_t>(embed.bytes());
+  // Tensor parallelism: the head's vocabulary rows [vocab_begin, vocab_end) (cuda_tp.cpp).
+  vocab_begin = 0;
+  vocab_end = c.vocab_size;
+  if (tp_world > 1) {
+    DSV_CHECK(!exl3::is_exl3_linear(*ckpt, "head"),
+              "head: tensor parallelism on the CUDA backend does not split an EXL3 head yet; use --world-size 1 or "
+              "--device cpu");
+    const dist::Range vr = tp_share(c.vocab_size, 32, "vocabulary");  // 32: aligned logit columns
+    vocab_begin = vr.begin;
+    vocab_end = vr.end;
+    head_split = true;
+  }
   if (exl3::is_exl3_linear(*ckpt, "head")) {
     head_exl3 = upload_exl3("head", c.hidden_size, c.vocab_size);  // head_bits 1..8 (EXL3.md §1.8)
   } else {
     const TensorInfo& hw = ckpt->get("head.weight");
     DSV_CHECK(hw.shape == std::vector<int64_t>({c.vocab_size, c.hidden_size}),
               "tensor head.weight has shape {}, expected [{}, {}]", hw.shape_str(), c.vocab_size, c.hidden_size);
+    const int64_t rows = vocab_end - vocab_begin;
     if (hw.dtype == DType::BF16) {
-      head = DeviceBuffer(hw.nbytes);
-      upload_bytes(staging, head, hw.data, hw.nbytes);
+      const size_t bytes = static_cast<size_t>(rows * c.hidden_size) * 2;
+      head = DeviceBuffer(bytes);
+      upload_bytes(staging, head, hw.data + static_cast<size_t>(vocab_begin * c.hidden_size) * 2, bytes);
       head_type = DenseType::BF16;
     } else {
       DSV_CHECK(hw.dtype == DType::F16 || hw.dtype == DType::F32,
                 "head.weight: dtype {} where BF16/F16/F32 is expected", dtype_name(hw.dtype));
-      head = DeviceBuffer::from(tensor_to_f32(hw));
+      const std::vector<float> all = tensor_to_f32(hw);
+      head = DeviceBuffer::from(std::vector<float>(all.begin() + vocab_begin * c.hidden_size,
+                                                   all.begin() + vocab_end * c.hidden_size));
       head_type = DenseType::F32;
     }
     weight_bytes += static_cast<int64_t>(head.bytes());
@@ -336,6 +440,8 @@ void Impl::load(const std::string& dir) {
   }
   alloc_scratch();
   alloc_exl3_workspaces();
+  if (tp)  // the banks' local expert ids of one pass (cuda_tp.cpp)
+    tp_ids = DeviceBuffer(static_cast<size_t>(sc.m * std::max(c.num_experts_per_tok, c.dspark_topk())) * 4);
   // Weight uploads ran on the legacy stream, which the model's non-blocking stream does not wait for.
   ops::gpu::check_cuda(cudaDeviceSynchronize(), "weight upload");
   const CudaMemoryBreakdown mem = memory_breakdown();

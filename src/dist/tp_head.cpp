@@ -310,6 +310,15 @@ void TpHead::wait_ready(double timeout_s) {
   }
 }
 
+std::string TpHead::load_failure() const {
+  std::lock_guard lk(mu_);
+  for (size_t r = 1; r < links_.size(); ++r) {
+    const auto& l = links_[r];
+    if (l && !l->load_error.empty()) return fmt::format("rank {}: {}", r, l->load_error);
+  }
+  return {};
+}
+
 std::string TpHead::unavailable_reason() const {
   std::lock_guard lk(mu_);
   for (size_t r = 1; r < links_.size(); ++r) {

@@ -36,6 +36,9 @@ class TpHead {
   // that it cannot load its share (with its message).
   void wait_ready(double timeout_s);
   std::string unavailable_reason() const;
+  // "rank R: message" when a worker reported that it cannot load its share, else empty (lets a
+  // wait that precedes READY, e.g. forming the NCCL communicator, end at once).
+  std::string load_failure() const;
 
  private:
   struct Link {

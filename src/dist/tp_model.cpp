@@ -1,7 +1,11 @@
-// Rank 0's tensor-parallel model: wraps the local CpuModel share, and before every collective
-// step sends the step's plan so the workers run the same operations on their mirrored states.
+// Rank 0's tensor-parallel model: wraps the local CpuModel or CudaModel share, and before every
+// collective step sends the step's plan so the workers run the same operations on their mirrored
+// states.
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+
+#include "dist/nccl_collective.h"
 #include "dist/tp_head.h"
 #include "dsv41/dist/tp_runtime.h"
 
@@ -49,12 +53,22 @@ const TpSeqState& tp_state(const SeqState& s) { return tp_state(const_cast<SeqSt
 struct TpModel::Impl {
   TpHeadOptions opt;
   std::shared_ptr<TcpCollective> tcp;
-  std::unique_ptr<model::CpuModel> cpu;
+  std::unique_ptr<model::CpuModel> cpu;    // the CPU path's share (TCP collective), or
+  std::shared_ptr<Collective> nccl;         // the CUDA path's collective and
+  std::unique_ptr<model::CudaModel> cuda;   // share (CudaModelOptions::tp)
   std::shared_ptr<PendingOps> pending = std::make_shared<PendingOps>();
   std::mutex exec_mu;  // one step at a time
   mutable std::atomic<uint64_t> next_id{1};
   uint64_t step = 0;
   std::unique_ptr<TpHead> head;  // last: destroyed first (tells the workers before the model goes)
+
+  Model& local() const { return cuda ? static_cast<Model&>(*cuda) : static_cast<Model&>(*cpu); }
+  // The CPU engine's extras (state clones, DSpark drafts); the CUDA path has none yet.
+  model::CpuModel& cpu_only(const char* what) const {
+    DSV_CHECK(cpu != nullptr, "{} is not available with the CUDA backend at --world-size > 1 (use --device cpu)",
+              what);
+    return *cpu;
+  }
 
   std::unique_ptr<SeqState> wrap(std::unique_ptr<SeqState> local) const {
     auto s = std::make_unique<TpSeqState>();
@@ -100,7 +114,7 @@ struct TpModel::Impl {
   }
 
   void check_tokens(const SeqState& st, std::span<const int32_t> tokens) const {
-    const ModelConfig& c = cpu->config();
+    const ModelConfig& c = local().config();
     DSV_CHECK(!tokens.empty(), "forward: no tokens");
     for (size_t i = 0; i < tokens.size(); ++i)
       DSV_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size,
@@ -152,7 +166,8 @@ struct TpModel::Impl {
       for (ForwardItem& it : batch) {
         TpSeqState& s = tp_state(*it.state);
         s.local->prompt_len = s.prompt_len;
-        cpu->forward_sequence(*s.local, it.tokens, it.all_logits, it.logits, dump);
+        if (cuda) cuda->forward_sequence(*s.local, it.tokens, it.all_logits, it.logits, dump);
+        else cpu->forward_sequence(*s.local, it.tokens, it.all_logits, it.logits, dump);
         s.n_past = s.local->n_past;
       }
       return 0;
@@ -180,22 +195,61 @@ std::unique_ptr<TpModel> TpModel::start(const TpHeadOptions& o, model::CpuModelO
   return std::unique_ptr<TpModel>(new TpModel(std::move(impl)));
 }
 
+std::unique_ptr<TpModel> TpModel::start_cuda(const TpHeadOptions& o_in, model::CudaModelOptions mo) {
+#if defined(DSV41_HAS_NCCL)
+  DSV_CHECK(o_in.world_size >= 2, "tensor parallel needs --world-size >= 2");
+  TpHeadOptions o = o_in;
+  o.run.nccl_id = nccl_unique_id();  // travels in WELCOME
+  auto impl = std::make_unique<Impl>();
+  impl->opt = o;
+  const Identity id = compute_identity(o.model_dir, mo.engram_token_map);
+  impl->tcp = std::make_shared<TcpCollective>(0, o.world_size);
+  impl->head = std::make_unique<TpHead>(o, id, impl->tcp);
+  // The communicator forms when every worker has joined (after its WELCOME): until then only a
+  // deadline ends the wait; afterwards a dead rank (heartbeats) aborts any collective.
+  static constexpr double kInitTimeoutS = 1800.0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kInitTimeoutS);
+  auto formed = std::make_shared<std::atomic<bool>>(false);
+  TpHead* head = impl->head.get();
+  spdlog::info("tensor parallel: waiting for {} worker rank(s) to join the NCCL communicator", o.world_size - 1);
+  impl->nccl = make_nccl_collective(0, o.world_size, o.run.nccl_id, mo.device, [head, formed, deadline]() {
+    if (formed->load()) return head->unavailable_reason();
+    if (std::string why = head->load_failure(); !why.empty()) return "a worker cannot take part: " + why;
+    if (std::chrono::steady_clock::now() > deadline)
+      return fmt::format("no worker joined the NCCL communicator within {:.0f} s", kInitTimeoutS);
+    return std::string();
+  });
+  formed->store(true);
+  mo.tp = impl->nccl;
+  mo.dspark = o.run.dspark;
+  mo.corrected_index_keys = o.run.corrected_index_keys;
+  impl->cuda = model::CudaModel::load(o.model_dir, mo);
+  return std::unique_ptr<TpModel>(new TpModel(std::move(impl)));
+#else
+  (void)o_in;
+  (void)mo;
+  fail("--device cuda with --world-size > 1 needs a build with CUDA and NCCL (this one has none)");
+#endif
+}
+
 void TpModel::wait_for_workers(double timeout_s) { impl_->head->wait_ready(timeout_s); }
 std::string TpModel::unavailable_reason() const { return impl_->head->unavailable_reason(); }
-const ModelConfig& TpModel::config() const { return impl_->cpu->config(); }
-bool TpModel::has_dspark() const { return impl_->cpu->has_dspark(); }
+const ModelConfig& TpModel::config() const { return impl_->local().config(); }
+bool TpModel::has_dspark() const { return impl_->cpu ? impl_->cpu->has_dspark() : impl_->cuda->has_dspark(); }
 
-std::unique_ptr<SeqState> TpModel::new_sequence() const { return impl_->wrap(impl_->cpu->new_sequence()); }
+std::unique_ptr<SeqState> TpModel::new_sequence() const { return impl_->wrap(impl_->local().new_sequence()); }
 
 std::unique_ptr<SeqState> TpModel::new_sequence(std::pmr::memory_resource& memory, int64_t capacity_tokens) const {
-  return impl_->wrap(impl_->cpu->new_sequence(memory, capacity_tokens));
+  return impl_->wrap(impl_->local().new_sequence(memory, capacity_tokens));
 }
 
 void TpModel::reserve_sequence(SeqState& state, int64_t capacity_tokens) const {
-  impl_->cpu->reserve_sequence(*tp_state(state).local, capacity_tokens);
+  impl_->local().reserve_sequence(*tp_state(state).local, capacity_tokens);
 }
 
-int64_t TpModel::state_bytes(int64_t capacity_tokens) const { return impl_->cpu->state_bytes(capacity_tokens); }
+int64_t TpModel::state_bytes(int64_t capacity_tokens) const { return impl_->local().state_bytes(capacity_tokens); }
+
+std::pmr::memory_resource& TpModel::state_memory() const { return impl_->local().state_memory(); }
 
 void TpModel::forward(std::span<ForwardItem> batch) { impl_->forward_items(batch, nullptr); }
 
@@ -213,8 +267,9 @@ model::DsparkDraft TpModel::dspark_draft(const SeqState& state, int32_t anchor) 
   Impl& m = *impl_;
   std::lock_guard lk(m.exec_mu);
   TpSeqState& s = tp_state(const_cast<SeqState&>(state));
-  const ModelConfig& c = m.cpu->config();
-  DSV_CHECK(m.cpu->has_dspark(), "this model was loaded without DSpark stages");
+  model::CpuModel& cpu = m.cpu_only("DSpark drafting");
+  const ModelConfig& c = cpu.config();
+  DSV_CHECK(cpu.has_dspark(), "this model was loaded without DSpark stages");
   DSV_CHECK(s.local->n_past > 0, "DSpark needs at least one processed position");
   DSV_CHECK(anchor >= 0 && anchor < c.vocab_size, "DSpark anchor token {} outside the vocabulary", anchor);
   const TpSeqState* seqs[] = {&s};
@@ -227,13 +282,13 @@ model::DsparkDraft TpModel::dspark_draft(const SeqState& state, int32_t anchor) 
   op.anchor = anchor;
   p.ops.push_back(std::move(op));
   m.head->send_plan(p);
-  return m.run_local([&] { return m.cpu->dspark_draft(*s.local, anchor); });
+  return m.run_local([&] { return cpu.dspark_draft(*s.local, anchor); });
 }
 
 std::unique_ptr<SeqState> TpModel::clone_state(const SeqState& src_state) {
   Impl& m = *impl_;
   const TpSeqState& src = tp_state(src_state);
-  auto out = m.wrap(m.cpu->clone_state(*src.local));
+  auto out = m.wrap(m.cpu_only("cloning a sequence state").clone_state(*src.local));
   TpSeqState& dst = tp_state(*out);
   dst.n_past = src.n_past;
   dst.prompt_len = src.prompt_len;
@@ -255,7 +310,7 @@ void TpModel::restore_state(SeqState& dst_state, const SeqState& src_state) {
   Impl& m = *impl_;
   TpSeqState& dst = tp_state(dst_state);
   const TpSeqState& src = tp_state(src_state);
-  m.cpu->restore_state(*dst.local, *src.local);
+  m.cpu_only("restoring a sequence state").restore_state(*dst.local, *src.local);
   dst.n_past = src.n_past;
   dst.prompt_len = src.prompt_len;
   std::lock_guard lk(m.pending->mu);

@@ -11,10 +11,13 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
+#include "dist/nccl_collective.h"
 #include "dist/protocol.h"
 #include "dist/tcp_collective.h"
 #include "dsv41/dist/tp_runtime.h"
+#include "runtime/serve_startup.h"
 
 namespace dsv41::dist {
 namespace {
@@ -120,8 +123,13 @@ Socket connect_retrying(const TpWorkerOptions& o) {
   }
 }
 
-// Executes one plan on this rank's model and states.
-void execute(model::CpuModel& m, std::map<uint64_t, std::unique_ptr<SeqState>>& seqs, const Plan& p) {
+// Executes one plan on this rank's model (CpuModel, or CudaModel on the CUDA path) and states.
+template <class M>
+void execute(M& m, std::map<uint64_t, std::unique_ptr<SeqState>>& seqs, const Plan& p) {
+  constexpr bool kCpu = std::is_same_v<M, model::CpuModel>;
+  auto cpu_only = [&](const char* what) {
+    if (!kCpu) fail("plan {}: {} is not available with the CUDA backend at --world-size > 1", p.step, what);
+  };
   auto get = [&](uint64_t id) -> SeqState& {
     auto it = seqs.find(id);
     DSV_CHECK(it != seqs.end(), "plan {}: unknown sequence {}", p.step, id);
@@ -134,8 +142,14 @@ void execute(model::CpuModel& m, std::map<uint64_t, std::unique_ptr<SeqState>>& 
         seqs[op.seq] = m.new_sequence();
         break;
       case OpKind::free_seq: seqs.erase(op.seq); break;
-      case OpKind::clone: seqs[op.seq2] = m.clone_state(get(op.seq)); break;
-      case OpKind::restore: m.restore_state(get(op.seq), get(op.seq2)); break;
+      case OpKind::clone:
+        cpu_only("cloning a sequence state");
+        if constexpr (kCpu) seqs[op.seq2] = m.clone_state(get(op.seq));
+        break;
+      case OpKind::restore:
+        cpu_only("restoring a sequence state");
+        if constexpr (kCpu) m.restore_state(get(op.seq), get(op.seq2));
+        break;
       case OpKind::forward: {
         SeqState& s = get(op.seq);
         DSV_CHECK(s.n_past == op.n_past, "plan {}: sequence {} is at position {} here but {} on rank 0", p.step, op.seq,
@@ -149,7 +163,8 @@ void execute(model::CpuModel& m, std::map<uint64_t, std::unique_ptr<SeqState>>& 
         SeqState& s = get(op.seq);
         DSV_CHECK(s.n_past == op.n_past, "plan {}: sequence {} is at position {} here but {} on rank 0", p.step, op.seq,
                   s.n_past, op.n_past);
-        (void)m.dspark_draft(s, op.anchor);
+        cpu_only("DSpark drafting");
+        if constexpr (kCpu) (void)m.dspark_draft(s, op.anchor);
         break;
       }
     }
@@ -163,13 +178,20 @@ int run_worker(const TpWorkerOptions& o) {
   DSV_CHECK(o.rank >= 1 && o.rank < o.world_size, "--rank {} must be in 1..{} for --world-size {}", o.rank,
             o.world_size - 1, o.world_size);
   DSV_CHECK(!o.model_dir.empty(), "--model DIR is required");
-  if (o.device == "cuda")
-    fail("--device cuda: the CUDA backend is not available in this version; use --device cpu");
-  DSV_CHECK(o.device == "cpu" || o.device == "auto", "--device {}: expected cpu, cuda or auto", o.device);
+  DSV_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto", "--device {}: expected cpu, cuda or auto",
+            o.device);
+  const bool use_cuda = o.device == "cuda";  // auto: the CPU engine (the CUDA path needs rank 0 on CUDA too)
+  int cuda_device = o.cuda_device;
+  if (use_cuda && cuda_device < 0) {
+    std::string why;
+    const int n = runtime::cuda_device_count(&why);
+    DSV_CHECK(n > 0, "--device cuda: {}", why);
+    cuda_device = o.rank % n;
+  }
   Hello hello;
   hello.rank = o.rank;
   hello.world_size = o.world_size;
-  hello.device = "cpu";
+  hello.device = use_cuda ? "cuda" : "cpu";
   hello.id = compute_identity(o.model_dir, o.engram_token_map);
 
   auto tcp = std::make_shared<TcpCollective>(o.rank, o.world_size);
@@ -195,9 +217,38 @@ int run_worker(const TpWorkerOptions& o) {
     spdlog::info("rank {}: joined rank 0 at {}:{} (session {})", o.rank, o.master_addr, o.master_port, session);
 
     Session ses(std::move(ctrl), o.heartbeat_timeout_s);
+    // CUDA path: the NCCL communicator belongs to this head's session (its unique id came in
+    // WELCOME), so the collective and the model sharing it live for the session only.
+    std::shared_ptr<Collective> nccl;
+    std::unique_ptr<model::CudaModel> cuda_model;
     std::map<uint64_t, std::unique_ptr<SeqState>> seqs;
     try {
-      if (!model || loaded.dspark != run.dspark || loaded.corrected_index_keys != run.corrected_index_keys) {
+      if (use_cuda) {
+        DSV_CHECK(!run.nccl_id.empty(),
+                  "rank 0 runs the CPU engine but this rank was started with --device cuda; start every rank with the "
+                  "same --device");
+#if defined(DSV41_HAS_NCCL)
+        spdlog::info("rank {}: joining the NCCL communicator on CUDA device {}", o.rank, cuda_device);
+        nccl = make_nccl_collective(o.rank, o.world_size, run.nccl_id, cuda_device, [&ses] { return ses.lost_reason(); });
+        model::CudaModelOptions co;
+        co.engram_token_map = o.engram_token_map;
+        co.engram_storage.engram_dir = o.engram_dir;
+        co.engram_storage.engram_packed = o.engram_packed;
+        co.engram_storage.cache_gib = o.engram_cache_gib;
+        co.dspark = run.dspark;
+        co.corrected_index_keys = run.corrected_index_keys;
+        co.device = cuda_device;
+        co.tp = nccl;
+        spdlog::info("rank {}: loading its share of {} on CUDA device {}", o.rank, o.model_dir, cuda_device);
+        cuda_model = model::CudaModel::load(o.model_dir, co);
+#else
+        fail("--device cuda with --world-size > 1 needs a build with CUDA and NCCL (this one has none)");
+#endif
+      } else if (!run.nccl_id.empty()) {
+        fail("rank 0 runs the CUDA backend but this rank was started with --device {}; start every rank with "
+             "--device cuda",
+             o.device);
+      } else if (!model || loaded.dspark != run.dspark || loaded.corrected_index_keys != run.corrected_index_keys) {
         model.reset();
         model::CpuModelOptions mo;
         mo.engram_token_map = o.engram_token_map;
@@ -227,7 +278,8 @@ int run_worker(const TpWorkerOptions& o) {
         if (f.type == kPlan) {
           const Plan p = decode_plan(f.payload);
           try {
-            execute(*model, seqs, p);
+            if (cuda_model) execute(*cuda_model, seqs, p);
+            else execute(*model, seqs, p);
           } catch (const RankLost&) {
             throw;
           } catch (const std::exception& e) {
@@ -248,7 +300,7 @@ int run_worker(const TpWorkerOptions& o) {
         }
       }
     } catch (const std::exception& e) {
-      if (!model) {
+      if (use_cuda ? !cuda_model : !model) {
         // This rank cannot load its share: a configuration error, not a lost link. Rank 0 is told
         // so that it fails at once with this message instead of waiting for a ready that never comes.
         const std::string msg = e.what();

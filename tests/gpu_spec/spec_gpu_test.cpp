@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../spec/spec_fixture.h"
+#include "../spec/spec_run.h"
 #include "../support/run_cli.h"
 #include "dsv41/common/error.h"
 #include "dsv41/model/cuda_model.h"
@@ -19,6 +20,11 @@
 
 using namespace dsv41;
 using test_support::collect_ids;
+using test_support::generate;
+using test_support::Generated;
+using test_support::greedy;
+using test_support::spec_options;
+using test_support::sum;
 
 namespace {
 
@@ -27,51 +33,6 @@ std::unique_ptr<model::CudaModel> load_cuda(const std::string& fixture, int64_t 
   o.engram_token_map = test_support::fixture_dir(fixture) + "/engram_token_map.safetensors";
   o.mix_gemm_k_parts = mix_parts;
   return model::CudaModel::load(test_support::fixture_dir(fixture) + "/model", o);
-}
-
-sched::GenerationRequest greedy(std::vector<int32_t> prompt, int64_t n, int64_t spec_tokens = -1) {
-  sched::GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = n;
-  r.sampling.temperature = 0;
-  r.spec_tokens = spec_tokens;
-  return r;
-}
-
-sched::SchedulerOptions spec_options(int64_t k, bool adaptive) {
-  sched::SchedulerOptions so;
-  so.max_num_seqs = 8;
-  so.max_num_batched_tokens = 4096;
-  so.kv_cache_gib = 0.25;
-  so.spec.method = spec::SpecMethod::dspark;
-  so.spec.max_draft_tokens = k;
-  so.spec.adaptive = adaptive;
-  return so;
-}
-
-struct Generated {
-  std::vector<int32_t> ids;
-  std::vector<int64_t> accepted;
-};
-
-Generated generate(Model& m, spec::SpecBackend* backend, const sched::SchedulerOptions& so,
-                   sched::GenerationRequest r, spec::SpecStats* stats = nullptr) {
-  sched::Scheduler s(m, so, backend);
-  auto ch = s.submit(std::move(r));
-  s.start();
-  Generated g;
-  g.ids = collect_ids(*ch, &g.accepted);
-  EXPECT_NE(ch->finish_reason(), sched::FinishReason::error) << ch->error();
-  if (stats) *stats = s.stats().spec;
-  s.stop();
-  EXPECT_EQ(s.stats().pool_used_bytes, 0);
-  return g;
-}
-
-int64_t sum(const std::vector<int64_t>& v) {
-  int64_t t = 0;
-  for (int64_t x : v) t += x;
-  return t;
 }
 
 void check_fixture(const std::string& fixture, int64_t n, int64_t mix_parts, bool compare_golden) {

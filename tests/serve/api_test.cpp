@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "text/utf8.h"
+#include "rule_helpers.h"
 #include "serve_fixture.h"
 #include "http_client.h"
 
@@ -23,16 +24,6 @@ std::vector<J> stream_events(const std::string& sse) {
   return out;
 }
 
-// The rule model's greedy continuation of `prompt` (what the API must return as ids).
-std::vector<int32_t> reference(const test_support::RuleModel& m, std::vector<int32_t> h, int n) {
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back(m.favourite(h));
-    h.push_back(out.back());
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST(Api, CompletionGreedyIdsEqualTheModelAndStreamAgrees) {
@@ -43,13 +34,13 @@ TEST(Api, CompletionGreedyIdsEqualTheModelAndStreamAgrees) {
   ASSERT_EQ(r.status, 200) << r.body;
   J b = body_of(r);
   EXPECT_EQ(b["object"], "text_completion");
-  EXPECT_EQ(b["choices"][0]["token_ids"].get<std::vector<int32_t>>(), reference(*s.model, prompt, 12));
+  EXPECT_EQ(b["choices"][0]["token_ids"].get<std::vector<int32_t>>(), test_support::rule_greedy(*s.model, prompt, 12));
   EXPECT_EQ(b["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(b["usage"]["prompt_tokens"], 6);
   EXPECT_EQ(b["usage"]["completion_tokens"], 12);
   EXPECT_EQ(b["usage"]["total_tokens"], 18);
   std::string text;
-  for (int32_t id : reference(*s.model, prompt, 12)) text += s.text->token_bytes(id);
+  for (int32_t id : test_support::rule_greedy(*s.model, prompt, 12)) text += s.text->token_bytes(id);
   EXPECT_EQ(b["choices"][0]["text"], text::utf8::decode_lossy(text));
 
   req["stream"] = true;
@@ -75,7 +66,7 @@ TEST(Api, CompletionGreedyIdsEqualTheModelAndStreamAgrees) {
   EXPECT_TRUE(usage["choices"].is_array() && usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 12);
   EXPECT_EQ(streamed, b["choices"][0]["text"].get<std::string>());
-  EXPECT_EQ(ids, reference(*s.model, prompt, 12));
+  EXPECT_EQ(ids, test_support::rule_greedy(*s.model, prompt, 12));
   EXPECT_EQ(finish, "length");
 }
 

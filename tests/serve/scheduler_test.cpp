@@ -6,38 +6,13 @@
 #include <thread>
 
 #include "sched/scheduler.h"
+#include "rule_helpers.h"
 #include "test_model.h"
 
 using namespace dsv41;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::vector<int32_t> prompt_of(int seed, int len) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(3 + static_cast<int32_t>(g() % 500));
-  return p;
-}
-
-std::vector<int32_t> collect(sched::TokenChannel& ch) {
-  std::vector<sched::SampledToken> got;
-  while (!ch.wait(got, 50ms)) {
-  }
-  std::vector<int32_t> ids;
-  for (auto& t : got) ids.push_back(t.id);
-  return ids;
-}
-
-// What the rule model generates greedily for `prompt`, computed without the scheduler.
-std::vector<int32_t> reference(const test_support::RuleModel& m, std::vector<int32_t> h, int n) {
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back(m.favourite(h));
-    h.push_back(out.back());
-  }
-  return out;
-}
 
 sched::GenerationRequest greedy(std::vector<int32_t> prompt, int max_tokens) {
   sched::GenerationRequest r;
@@ -64,10 +39,10 @@ TEST(Scheduler, BatchedOutputsEqualSequentialReference) {
   sched::Scheduler s(m, o);
   // Everything is queued before the loop starts, so batching cannot depend on thread timing.
   std::vector<std::shared_ptr<sched::TokenChannel>> chans;
-  for (int i = 0; i < 10; ++i) chans.push_back(s.submit(greedy(prompt_of(i, 40), 20)));
+  for (int i = 0; i < 10; ++i) chans.push_back(s.submit(greedy(test_support::random_prompt(i, 40), 20)));
   s.start();
   for (int i = 0; i < 10; ++i) {
-    EXPECT_EQ(collect(*chans[i]), reference(m, prompt_of(i, 40), 20)) << "request " << i;
+    EXPECT_EQ(test_support::drain_ids(*chans[i]), test_support::rule_greedy(m, test_support::random_prompt(i, 40), 20)) << "request " << i;
     EXPECT_EQ(chans[i]->finish_reason(), sched::FinishReason::length);
   }
   EXPECT_LE(m.max_batch(), 4);
@@ -88,8 +63,8 @@ TEST(Scheduler, PreemptionRecomputesWithoutChangingOutputs) {
   sched::Scheduler s(m, o);
   s.start();
   std::vector<std::shared_ptr<sched::TokenChannel>> chans;
-  for (int i = 0; i < 6; ++i) chans.push_back(s.submit(greedy(prompt_of(100 + i, 20), 80)));
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(collect(*chans[i]), reference(m, prompt_of(100 + i, 20), 80)) << i;
+  for (int i = 0; i < 6; ++i) chans.push_back(s.submit(greedy(test_support::random_prompt(100 + i, 20), 80)));
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(test_support::drain_ids(*chans[i]), test_support::rule_greedy(m, test_support::random_prompt(100 + i, 20), 80)) << i;
   EXPECT_GT(s.stats().preemptions_total, 0);
   s.stop();
   EXPECT_EQ(m.live(), 0);
@@ -100,7 +75,7 @@ TEST(Scheduler, CancelFreesStateWithinAStep) {
   m.step_delay_ms = 5;
   sched::Scheduler s(m, {});
   s.start();
-  auto ch = s.submit(greedy(prompt_of(1, 10), 100));
+  auto ch = s.submit(greedy(test_support::random_prompt(1, 10), 100));
   std::vector<sched::SampledToken> got;
   while (got.size() < 3) ch->wait(got, 50ms);
   const int64_t steps_at_cancel = m.steps();
@@ -121,23 +96,23 @@ TEST(Scheduler, EosStopIdsMinTokensAndLimits) {
   test_support::RuleModel m(test_support::tiny_config());
   sched::Scheduler s(m, {});
   s.start();
-  auto p = prompt_of(5, 8);
-  const auto ref = reference(m, p, 10);
+  auto p = test_support::random_prompt(5, 8);
+  const auto ref = test_support::rule_greedy(m, p, 10);
   auto r = greedy(p, 10);
   r.stop_token_ids = {ref[4]};
   auto ch = s.submit(r);
-  auto ids = collect(*ch);
+  auto ids = test_support::drain_ids(*ch);
   // The stop id ends the sequence and is delivered last (it was generated: usage counts it).
   EXPECT_EQ(ids, std::vector<int32_t>(ref.begin(), ref.begin() + 5));
   EXPECT_EQ(ch->finish_reason(), sched::FinishReason::stop);
   // min_tokens bans the stop id: the sampler takes the next best token instead
   r.min_tokens = 6;
   ch = s.submit(r);
-  ids = collect(*ch);
+  ids = test_support::drain_ids(*ch);
   ASSERT_GE(ids.size(), 5u);
   EXPECT_NE(ids[4], ref[4]);
   // Context and pool limits are refused at submission.
-  EXPECT_THROW(s.submit(greedy(prompt_of(1, 100), 29)), Error);
+  EXPECT_THROW(s.submit(greedy(test_support::random_prompt(1, 100), 29)), Error);
   EXPECT_THROW(s.submit(greedy({}, 4)), Error);
   EXPECT_THROW(s.submit(greedy({600}, 4)), Error);
 }
@@ -149,7 +124,7 @@ TEST(Scheduler, SeededSamplingIsReproducibleUnderBatching) {
   sched::Scheduler s(m, o);
   s.start();
   auto seeded = [&](uint64_t seed) {
-    auto r = greedy(prompt_of(9, 12), 30);
+    auto r = greedy(test_support::random_prompt(9, 12), 30);
     r.sampling.temperature = 1.0;
     r.sampling.has_seed = true;
     r.sampling.seed = seed;
@@ -159,8 +134,8 @@ TEST(Scheduler, SeededSamplingIsReproducibleUnderBatching) {
   auto noise1 = s.submit(seeded(1));
   auto b = s.submit(seeded(42));
   auto noise2 = s.submit(seeded(2));
-  const auto ia = collect(*a), ib = collect(*b), n1 = collect(*noise1);
-  collect(*noise2);
+  const auto ia = test_support::drain_ids(*a), ib = test_support::drain_ids(*b), n1 = test_support::drain_ids(*noise1);
+  test_support::drain_ids(*noise2);
   EXPECT_EQ(ia, ib);
   EXPECT_NE(ia, n1);
 }
@@ -173,11 +148,11 @@ TEST(Scheduler, QueueLimitRefusesWithOverloaded) {
   o.max_waiting = 2;
   sched::Scheduler s(m, o);
   std::vector<std::shared_ptr<sched::TokenChannel>> chans;
-  chans.push_back(s.submit(greedy(prompt_of(1, 4), 5)));
-  chans.push_back(s.submit(greedy(prompt_of(2, 4), 5)));
-  EXPECT_THROW(s.submit(greedy(prompt_of(3, 4), 5)), sched::Overloaded);
+  chans.push_back(s.submit(greedy(test_support::random_prompt(1, 4), 5)));
+  chans.push_back(s.submit(greedy(test_support::random_prompt(2, 4), 5)));
+  EXPECT_THROW(s.submit(greedy(test_support::random_prompt(3, 4), 5)), sched::Overloaded);
   s.start();
-  for (auto& c : chans) collect(*c);
+  for (auto& c : chans) test_support::drain_ids(*c);
   s.stop();
   EXPECT_EQ(m.live(), 0);
 }

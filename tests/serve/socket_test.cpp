@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "http_client.h"
+#include "rule_helpers.h"
 #include "serve_fixture.h"
 
 using namespace dsv41;
@@ -15,15 +16,6 @@ using test_support::ServedRuleModel;
 using J = nlohmann::ordered_json;
 
 namespace {
-
-std::vector<int32_t> reference(const test_support::RuleModel& m, std::vector<int32_t> h, int n) {
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back(m.favourite(h));
-    h.push_back(out.back());
-  }
-  return out;
-}
 
 bool wait_idle(ServedRuleModel& s, std::chrono::milliseconds limit) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -45,7 +37,7 @@ TEST(Socket, StreamingAndNonStreamingAgreeOverHttp) {
   J req = {{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 0}, {"return_token_ids", true}};
   auto r = test_support::http_request(port, "POST", "/v1/completions", req.dump());
   ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(J::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), reference(*s.model, prompt, 10));
+  EXPECT_EQ(J::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), test_support::rule_greedy(*s.model, prompt, 10));
   req["stream"] = true;
   auto rs = test_support::http_request(port, "POST", "/v1/completions", req.dump());
   ASSERT_EQ(rs.status, 200);
@@ -106,7 +98,7 @@ TEST(Socket, SixtyFourStreamsWithRandomDisconnects) {
         for (auto& c : chunk["choices"])
           if (c.contains("token_ids")) for (auto& x : c["token_ids"]) ids.push_back(x.get<int32_t>());
       }
-      const bool good = res.status == 200 && !ev.empty() && ev.back() == "[DONE]" && ids == reference(*s.model, prompt, 40);
+      const bool good = res.status == 200 && !ev.empty() && ev.back() == "[DONE]" && ids == test_support::rule_greedy(*s.model, prompt, 40);
       outcome[i] = good ? 1 : (drop ? 2 : 0);  // a dropper may finish before reaching its byte count
       if (!good) why[i] = "status " + std::to_string(res.status) + " events " + std::to_string(ev.size());
     });

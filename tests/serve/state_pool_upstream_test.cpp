@@ -11,6 +11,7 @@
 
 #include "dsv41/common/error.h"
 #include "sched/scheduler.h"
+#include "rule_helpers.h"
 #include "test_model.h"
 
 using namespace dsv41;
@@ -101,31 +102,6 @@ class UpstreamRuleModel final : public test_support::RuleModel {
   std::pmr::memory_resource& memory_;
 };
 
-std::vector<int32_t> prompt_of(int seed, int len) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(3 + static_cast<int32_t>(g() % 500));
-  return p;
-}
-
-std::vector<int32_t> collect(sched::TokenChannel& ch) {
-  std::vector<sched::SampledToken> got;
-  while (!ch.wait(got, 50ms)) {
-  }
-  std::vector<int32_t> ids;
-  for (auto& t : got) ids.push_back(t.id);
-  return ids;
-}
-
-std::vector<int32_t> reference(const test_support::RuleModel& m, std::vector<int32_t> h, int n) {
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back(m.favourite(h));
-    h.push_back(out.back());
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST(StatePoolUpstream, HostEnginesKeepTheHeap) {
@@ -202,12 +178,12 @@ TEST(StatePoolUpstream, TheSchedulerDrawsStatesFromTheModelsMemory) {
   std::vector<std::shared_ptr<sched::TokenChannel>> chans;
   for (int i = 0; i < 6; ++i) chans.push_back(s.submit([&] {
     sched::GenerationRequest r;
-    r.prompt = prompt_of(300 + i, 20);
+    r.prompt = test_support::random_prompt(300 + i, 20);
     r.max_tokens = 80;
     r.sampling.temperature = 0;
     return r;
   }()));
-  for (int i = 0; i < 6; ++i) EXPECT_EQ(collect(*chans[i]), reference(m, prompt_of(300 + i, 20), 80)) << i;
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(test_support::drain_ids(*chans[i]), test_support::rule_greedy(m, test_support::random_prompt(300 + i, 20), 80)) << i;
   EXPECT_GT(s.stats().preemptions_total, 0);
   s.stop();
   EXPECT_GT(up.allocations(), 6);  // states were created (and grown) in the upstream

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "dsv41/model/cpu_model.h"
+#include "dsv41/model/cuda_model.h"
 #include "dsv41/model/model.h"
 
 namespace dsv41::dist {
@@ -58,17 +59,26 @@ struct TpWorkerOptions {
   std::string engram_packed;     // --engram-packed
   double engram_cache_gib = 0.0;  // --engram-cache-gib
   double heartbeat_timeout_s = 3.0;
+  // --device cuda: the GPU of this rank; -1 = rank modulo the visible devices (one GPU per rank on
+  // a multi-GPU host; CUDA_VISIBLE_DEVICES with one device per process works too).
+  int cuda_device = -1;
 };
 
 class TpHead;
 
-// Rank 0's model: the local share (a CpuModel with a TCP collective) plus the control plane.
+// Rank 0's model: the local share (a CpuModel with a TCP collective, or a CudaModel with the NCCL
+// collective) plus the control plane.
 // Implements the Model interface for the server and CpuModel's extras for the tools.
 class TpModel final : public Model {
  public:
   // Listens on master_addr:master_port at once (workers may already be retrying), then loads
   // rank 0's share. `mo` gives the local load options (tp and dspark are set from `o`).
   static std::unique_ptr<TpModel> start(const TpHeadOptions& o, model::CpuModelOptions mo);
+  // The CUDA backend on every rank (`--device cuda`): rank 0 makes the NCCL unique id (sent in
+  // WELCOME), joins the communicator once the workers do, and loads its share on mo.device. The
+  // communicator lives as long as this model: a worker that restarts cannot rejoin it (restart
+  // the head too). Clone/restore and DSpark drafting are not available on this path yet.
+  static std::unique_ptr<TpModel> start_cuda(const TpHeadOptions& o, model::CudaModelOptions mo);
   ~TpModel() override;
 
   // Blocks until every worker is connected and ready; throws dsv41::Error after timeout_s.
@@ -81,6 +91,8 @@ class TpModel final : public Model {
   std::unique_ptr<SeqState> new_sequence(std::pmr::memory_resource& memory, int64_t capacity_tokens) const override;
   void reserve_sequence(SeqState& state, int64_t capacity_tokens) const override;
   int64_t state_bytes(int64_t capacity_tokens) const override;
+  // The local share's state memory (device memory on the CUDA path, for the server's state pool).
+  std::pmr::memory_resource& state_memory() const override;
   // Throws RankLost (a rank is down) or dsv41::Error (bad input, or a sequence from before a
   // worker restarted) without running anything.
   void forward(std::span<ForwardItem> batch) override;

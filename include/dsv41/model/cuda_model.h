@@ -19,7 +19,13 @@
 //    scores (torch_topk_indices) decides which entries are attended.
 //  - DSpark: the mtp.* drafter runs on the device (batched over sequences); save_step / undo_step
 //    roll a sequence back after speculative verification (src/spec/cuda_backend.cpp).
-// Not covered yet: tensor parallelism, CUDA graphs / batched decode.
+//  - Tensor parallelism (CudaModelOptions::tp, src/cuda_model/cuda_tp.cpp): a rank holds whole
+//    attention output groups (wq_b rows, sinks, wo_a groups), column slices of wo_b and the shared
+//    expert, a contiguous routed-expert id range and a vocabulary slice of the head; each split
+//    output is computed whole (full-K dot products, as at TP 1) into a zeroed buffer and the ranks
+//    all-reduce it, so every value is the TP 1 value plus exact zeros. Engram, the mHC, norms,
+//    routers, compressors and indexers are replicated. Not split yet: EXL3 checkpoints, DSpark.
+// Not covered yet: CUDA graphs / batched decode.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -30,6 +36,10 @@
 #include "dsv41/engram/open.h"
 #include "dsv41/model/cpu_model.h"
 #include "dsv41/model/model.h"
+
+namespace dsv41::dist {
+class Collective;
+}
 
 namespace dsv41::model {
 
@@ -48,6 +58,9 @@ struct CudaModelOptions {
   // Load the mtp.* DSpark stages when the config has them (drafting, and the DSpark rings every
   // forward feeds); as CpuModelOptions::dspark.
   bool dspark = true;
+  // Tensor parallelism: this rank's collective over device memory (the NCCL backend); null = TP 1.
+  // Every rank loads its share and all ranks must run the same forwards in the same order.
+  std::shared_ptr<dist::Collective> tp;
 };
 
 // Device memory the model holds, in bytes (printed at load).

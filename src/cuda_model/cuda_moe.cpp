@@ -1,0 +1,84 @@
+// The CUDA backend's MoE layer (mirrors block.cpp moe/run_expert): router, routed experts over the
+// (token, slot) pairs, shared expert, combine. EXL3 experts go through cuda_exl3.cpp.
+#include "cuda_model/cuda_impl.h"
+
+#if DSV41_HAS_CUDA
+namespace dsv41::model::cuda {
+namespace gpu = ops::gpu;
+
+// MoE (block.cpp moe/run_expert): router, routed experts as FP4 bank GEMMs over the (token, slot)
+// pairs, clamped SwiGLU scaled by the routing weight, shared expert, combine in expert order.
+void Impl::moe(const GpuBlock& b, int64_t n) {
+  const ModelConfig& c = cfg;
+  const int64_t dim = c.hidden_size, K = b.top_k, inter = c.moe_intermediate_size, pairs = n * K;
+  gpu::RouterArgs r;
+  r.x = sc.x;
+  r.n = n;
+  r.dim = dim;
+  r.gate_w = b.gate_w.as<float>();
+  r.gate_bias = b.gate_bias.as<float>();
+  r.n_experts = b.n_experts;
+  r.top_k = K;
+  r.scoring = c.scoring_func == "sigmoid" ? gpu::Scoring::Sigmoid : gpu::Scoring::SqrtSoftplus;
+  r.temp = static_cast<float>(c.gate_temp);
+  r.norm_topk = c.norm_topk_prob;
+  r.route_scale = static_cast<float>(c.routed_scaling_factor);
+  r.ids = sc.ids;
+  r.weights = sc.route_w;
+  r.scratch = sc.route_scratch;
+  gpu::router(r, stream);
+  if (b.x_experts.loaded()) {  // EXL3: routed + shared experts in the grouped MoE kernels
+    moe_exl3(b, n);
+    return;
+  }
+
+  // Tensor parallelism: this rank's bank holds experts [expert_begin, ..); other ranks' pairs get
+  // id -1 (zero rows) and the routed rows are all-reduced (cuda_tp.cpp).
+  const int32_t* bank_ids = b.split ? tp_local_expert_ids(b, pairs) : sc.ids;
+  gpu::ActQuantArgs q{sc.x, n, dim, dim, sc.codes, sc.act_scales};
+  gpu::act_quant8(q, stream);
+  auto bank = [&](const GpuExpertBank& w, int64_t div, float* y, int64_t out) {
+    gpu::Lin4Args a;
+    a.w = {w.packed.as<uint8_t>(), w.scales.as<uint8_t>(), w.in, w.out, w.n};
+    a.x_codes = sc.codes;
+    a.x_scales = sc.act_scales;
+    a.rows = pairs;
+    a.expert_ids = bank_ids;
+    a.x_row_div = div;
+    a.y = y;
+    a.y_stride = out;
+    a.round_bf16 = true;
+    gpu::lin4(a, stream);
+  };
+  bank(b.w1, K, sc.eg, inter);
+  bank(b.w3, K, sc.eu, inter);
+  const float limit = static_cast<float>(c.swiglu_limit);
+  gpu::SwigluArgs s{sc.eg, sc.eu, pairs, inter, sc.route_w, limit, sc.eg};
+  gpu::swiglu(s, stream);
+  gpu::ActQuantArgs q2{sc.eg, pairs, inter, inter, sc.codes, sc.act_scales};
+  gpu::act_quant8(q2, stream);
+  bank(b.w2, 1, sc.routed, dim);
+  if (b.split) tp_sum(sc.routed, pairs * dim);
+
+  // Shared expert; split: column slices of w1/w3 and w2 written into zeroed buffers, all-reduced.
+  if (b.split) {
+    tp_zero(sc.sg, n * inter);
+    tp_zero(sc.su, n * inter);
+  }
+  linear(b.sh_w1, sc.x, dim, n, sc.sg + b.sh_inter_begin, inter, true);
+  linear(b.sh_w3, sc.x, dim, n, sc.su + b.sh_inter_begin, inter, true);
+  if (b.split) {
+    tp_sum(sc.sg, n * inter);
+    tp_sum(sc.su, n * inter);
+  }
+  gpu::SwigluArgs ss{sc.sg, sc.su, n, inter, nullptr, limit, sc.sg};
+  gpu::swiglu(ss, stream);
+  if (b.split) tp_zero(sc.shared, n * dim);
+  linear(b.sh_w2, sc.sg, inter, n, sc.shared + b.sh_dim_begin, dim, true);
+  if (b.split) tp_sum(sc.shared, n * dim);
+  gpu::MoeCombineArgs mc{sc.routed, sc.ids, n, K, dim, sc.shared, sc.y};
+  gpu::moe_combine(mc, stream);
+}
+
+}  // namespace dsv41::model::cuda
+#endif

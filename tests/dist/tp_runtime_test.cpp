@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "../engram/split_fixture.h"
-#include "../support/process.h"
+#include "../support/tp_server.h"
 #include "../serve/http_client.h"
 #include "../serve/test_tokenizer.h"
 #include "dsv41/loader/safetensors.h"
@@ -40,11 +40,7 @@ using dsv41::test::free_port;
 using dsv41::test::spawn_binary;
 const std::string kFix = DSV41_FIXTURES_DIR;
 
-fs::path temp_dir() {
-  auto d = fs::temp_directory_path() / ("dsv41_tp_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir() { return dsv41::test::test_temp_dir("dsv41_tp_"); }
 
 // Waits up to timeout for the process; returns its exit code (-1: killed/timeout, then killed).
 int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
@@ -59,10 +55,7 @@ int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
   return -1;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+using dsv41::test::slurp;
 
 struct Fixture {
   std::string name, model, map;

@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "../serve/http_client.h"
-#include "../support/process.h"
+#include "../support/tp_server.h"
 #include "../serve/test_tokenizer.h"
 
 extern char** environ;
@@ -30,106 +30,48 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-using dsv41::test::free_port;
-using dsv41::test::spawn_binary;
-const std::string kFix = DSV41_FIXTURES_DIR;
-const std::string kModel = kFix + "/tiny-s0/model";
-const std::string kMap = kFix + "/tiny-s0/engram_token_map.safetensors";
+namespace test = dsv41::test;
 
-fs::path temp_dir() {
-  auto d = fs::temp_directory_path() / ("dsv41_tpserve_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-
-void stop(pid_t pid) {
-  if (pid <= 0) return;
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-// Polls /health until 200 (the port answers 503 while loading / waiting for workers).
-bool wait_healthy(int port, std::chrono::seconds limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (dsv41::test_support::http_request(port, "GET", "/health", {}, {}, 2000).status == 200) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
-
-J completion(const std::vector<int32_t>& prompt, int max_tokens) {
-  return J{{"model", "tiny-s0"},  {"prompt", prompt},     {"max_tokens", max_tokens},
-           {"temperature", 0},    {"ignore_eos", true},   {"return_token_ids", true}};
-}
-
-J chat() {
-  return J{{"model", "tiny-s0"},
-           {"messages", J::array({J{{"role", "user"}, {"content", "hello there"}}})},
-           {"max_tokens", 8},
-           {"temperature", 0}};
-}
-
-struct Server {
-  int port = 0, master_port = 0;
-  pid_t pid = -1;
-};
-
-Server start_server(const fs::path& dir, const std::string& tok, int world, const std::string& tag) {
-  Server s;
-  s.port = free_port();
-  s.master_port = free_port();
-  std::vector<std::string> args = {"--model", kModel, "--tokenizer", tok, "--engram-token-map", kMap, "--port",
-                                   std::to_string(s.port), "--kv-cache-gib", "0.01", "--served-model-name", "tiny-s0",
-                                   "--world-size", std::to_string(world), "--master-port",
-                                   std::to_string(s.master_port)};
-  s.pid = spawn_binary(args, dir / ("server_" + tag + ".log"));
-  return s;
-}
+using test::kill_and_reap;
+using test::slurp;
+using test::wait_healthy;
 
 pid_t start_worker(const fs::path& dir, int master_port, const std::string& tag) {
-  return spawn_binary({"--rank", "1", "--world-size", "2", "--model", kModel, "--master-addr", "127.0.0.1", "--master-port",
-                std::to_string(master_port), "--engram-token-map", kMap},
-               dir / ("worker_" + tag + ".log"));
+  return test::start_tp_worker(dir, master_port, "worker_" + tag + ".log");
 }
 
 }  // namespace
 
 TEST(TensorParallelServe, AnswersLikeOneRankAndSurvivesAWorkerFailure) {
-  const fs::path dir = temp_dir();
+  const fs::path dir = test::test_temp_dir("dsv41_tpserve_");
   const std::string tok = (dir / "tokenizer.json").string();
   dsv41::test_support::write_test_tokenizer(tok);
   const std::vector<int32_t> prompt = {5, 17, 33, 101, 7, 250, 64};
 
   // TP 1 reference answers.
-  Server one = start_server(dir, tok, 1, "tp1");
+  test::TpServer one = test::start_tp_server(dir, tok, 1, "tp1");
   ASSERT_TRUE(wait_healthy(one.port, 60s)) << slurp(dir / "server_tp1.log");
-  auto r1 = dsv41::test_support::http_request(one.port, "POST", "/v1/completions", completion(prompt, 6).dump());
-  auto c1 = dsv41::test_support::http_request(one.port, "POST", "/v1/chat/completions", chat().dump());
-  stop(one.pid);
+  auto r1 = dsv41::test_support::http_request(one.port, "POST", "/v1/completions", test::tiny_completion(prompt, 6).dump());
+  auto c1 = dsv41::test_support::http_request(one.port, "POST", "/v1/chat/completions", test::tiny_chat().dump());
+  kill_and_reap(one.pid);
   ASSERT_EQ(r1.status, 200) << r1.body;
   ASSERT_EQ(c1.status, 200) << c1.body;
   const auto ids1 = J::parse(r1.body)["choices"][0]["token_ids"];
 
   // TP 2: the server first, the worker joins later.
-  Server two = start_server(dir, tok, 2, "tp2");
+  test::TpServer two = test::start_tp_server(dir, tok, 2, "tp2");
   pid_t worker = start_worker(dir, two.master_port, "a");
   ASSERT_TRUE(wait_healthy(two.port, 60s)) << slurp(dir / "server_tp2.log") << slurp(dir / "worker_a.log");
-  auto r2 = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", completion(prompt, 6).dump());
+  auto r2 = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", test::tiny_completion(prompt, 6).dump());
   ASSERT_EQ(r2.status, 200) << r2.body;
   EXPECT_EQ(J::parse(r2.body)["choices"][0]["token_ids"], ids1);
-  auto c2 = dsv41::test_support::http_request(two.port, "POST", "/v1/chat/completions", chat().dump());
+  auto c2 = dsv41::test_support::http_request(two.port, "POST", "/v1/chat/completions", test::tiny_chat().dump());
   ASSERT_EQ(c2.status, 200) << c2.body;
   EXPECT_EQ(J::parse(c2.body)["choices"][0]["message"], J::parse(c1.body)["choices"][0]["message"]);
 
   // The worker hangs mid-stream (SIGSTOP): the stream ends with an error event naming rank 1.
   {
-    J req = completion(prompt, 100);
+    J req = test::tiny_completion(prompt, 100);
     req["stream"] = true;
     dsv41::test_support::Socket s(two.port);
     ASSERT_TRUE(s.ok());
@@ -149,12 +91,12 @@ TEST(TensorParallelServe, AnswersLikeOneRankAndSurvivesAWorkerFailure) {
     EXPECT_NE(raw.find("rank_unavailable"), std::string::npos) << raw;
     EXPECT_NE(raw.find("no heartbeat"), std::string::npos) << raw;
   }
-  stop(worker);  // killed while stopped
+  kill_and_reap(worker);  // killed while stopped
 
   // The worker is gone: a request fails at once with 503 naming the rank.
   {
     const auto t0 = Clock::now();
-    auto r = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", completion(prompt, 3).dump());
+    auto r = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", test::tiny_completion(prompt, 3).dump());
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
     EXPECT_EQ(r.status, 503) << r.body;
     EXPECT_NE(r.body.find("tensor-parallel rank 1"), std::string::npos) << r.body;
@@ -170,7 +112,7 @@ TEST(TensorParallelServe, AnswersLikeOneRankAndSurvivesAWorkerFailure) {
   dsv41::test_support::HttpResult r3;
   const auto end = Clock::now() + 60s;
   while (Clock::now() < end) {
-    r3 = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", completion(prompt, 6).dump());
+    r3 = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", test::tiny_completion(prompt, 6).dump());
     if (r3.status == 200) break;
     EXPECT_EQ(r3.status, 503) << r3.body;
     std::this_thread::sleep_for(100ms);
@@ -182,5 +124,5 @@ TEST(TensorParallelServe, AnswersLikeOneRankAndSurvivesAWorkerFailure) {
   ::waitpid(two.pid, &st, 0);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << slurp(dir / "server_tp2.log");
   // The server's goodbye sends the worker back to waiting for a head; end it.
-  stop(worker);
+  kill_and_reap(worker);
 }

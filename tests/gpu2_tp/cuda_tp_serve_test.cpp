@@ -19,7 +19,7 @@
 
 #include "../serve/http_client.h"
 #include "../serve/test_tokenizer.h"
-#include "../support/process.h"
+#include "../support/tp_server.h"
 
 extern char** environ;
 
@@ -30,49 +30,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-using dsv41::test::free_port;
-using dsv41::test::spawn_binary;
+namespace test = dsv41::test;
 const std::string kFix = DSV41_FIXTURES_DIR;
-const std::string kModel = kFix + "/tiny-s0/model";
-const std::string kMap = kFix + "/tiny-s0/engram_token_map.safetensors";
 
-fs::path temp_dir() {
-  auto d = fs::temp_directory_path() / ("dsv41_cuda_tpserve_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-
-void stop(pid_t pid) {
-  if (pid <= 0) return;
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-bool wait_healthy(int port, std::chrono::seconds limit) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (dsv41::test_support::http_request(port, "GET", "/health", {}, {}, 2000).status == 200) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
-
-J completion(const std::vector<int32_t>& prompt, int max_tokens) {
-  return J{{"model", "tiny-s0"}, {"prompt", prompt},   {"max_tokens", max_tokens},
-           {"temperature", 0},   {"ignore_eos", true}, {"return_token_ids", true}};
-}
-
-J chat() {
-  return J{{"model", "tiny-s0"},
-           {"messages", J::array({J{{"role", "user"}, {"content", "hello there"}}})},
-           {"max_tokens", 8},
-           {"temperature", 0}};
-}
+using test::kill_and_reap;
+using test::slurp;
+using test::wait_healthy;
 
 J golden() {
   std::ifstream f(kFix + "/tiny-s0/golden.json");
@@ -80,7 +43,7 @@ J golden() {
 }
 
 J greedy_request(const std::vector<int32_t>& prompt, int max_tokens, bool stream) {
-  J r = completion(prompt, max_tokens);
+  J r = test::tiny_completion(prompt, max_tokens);
   r["stream"] = stream;
   return r;
 }
@@ -113,61 +76,40 @@ std::vector<int32_t> shape_prompt(size_t i) {
   return std::vector<int32_t>(full.begin(), full.begin() + kShapes[i].first);
 }
 
-struct Server {
-  int port = 0, master_port = 0;
-  pid_t pid = -1;
-};
-
-Server start_server(const fs::path& dir, const std::string& tok, int world, const std::string& tag) {
-  Server s;
-  s.port = free_port();
-  s.master_port = free_port();
-  s.pid = spawn_binary({"--model", kModel, "--tokenizer", tok, "--engram-token-map", kMap, "--port",
-                        std::to_string(s.port), "--kv-cache-gib", "0.01", "--served-model-name", "tiny-s0",
-                        "--device", "cuda", "--world-size", std::to_string(world), "--master-port",
-                        std::to_string(s.master_port)},
-                       dir / ("server_" + tag + ".log"));
-  return s;
-}
-
-pid_t start_worker(const fs::path& dir, int master_port) {
-  return spawn_binary({"--rank", "1", "--world-size", "2", "--model", kModel, "--master-addr", "127.0.0.1",
-                       "--master-port", std::to_string(master_port), "--device", "cuda", "--engram-token-map", kMap},
-                      dir / "worker.log");
-}
+const std::vector<std::string> kCuda = {"--device", "cuda"};
 
 }  // namespace
 
 TEST(CudaTensorParallelServe, AnswersLikeOneGpuAndFailsCleanlyWhenTheWorkerDies) {
-  const fs::path dir = temp_dir();
+  const fs::path dir = test::test_temp_dir("dsv41_cuda_tpserve_");
   const std::string tok = (dir / "tokenizer.json").string();
   dsv41::test_support::write_test_tokenizer(tok);
   const std::vector<int32_t> prompt = {5, 17, 33, 101, 7, 250, 64};
 
-  Server one = start_server(dir, tok, 1, "tp1");
+  test::TpServer one = test::start_tp_server(dir, tok, 1, "tp1", kCuda);
   ASSERT_TRUE(wait_healthy(one.port, 90s)) << slurp(dir / "server_tp1.log");
-  auto r1 = dsv41::test_support::http_request(one.port, "POST", "/v1/completions", completion(prompt, 6).dump());
-  auto c1 = dsv41::test_support::http_request(one.port, "POST", "/v1/chat/completions", chat().dump());
+  auto r1 = dsv41::test_support::http_request(one.port, "POST", "/v1/completions", test::tiny_completion(prompt, 6).dump());
+  auto c1 = dsv41::test_support::http_request(one.port, "POST", "/v1/chat/completions", test::tiny_chat().dump());
   std::vector<std::vector<int32_t>> one_gpu(kShapes.size());
   for (size_t i = 0; i < kShapes.size(); ++i)
     one_gpu[i] = ids_of(dsv41::test_support::http_request(one.port, "POST", "/v1/completions",
                                                           greedy_request(shape_prompt(i), kShapes[i].second, false).dump()));
-  stop(one.pid);
+  kill_and_reap(one.pid);
   ASSERT_EQ(r1.status, 200) << r1.body;
   ASSERT_EQ(c1.status, 200) << c1.body;
   const auto ids1 = J::parse(r1.body)["choices"][0]["token_ids"];
   ASSERT_EQ(ids1.size(), 6u) << r1.body;
 
   // The server first, the worker (GPU 1) joins later.
-  Server two = start_server(dir, tok, 2, "tp2");
-  const pid_t worker = start_worker(dir, two.master_port);
+  test::TpServer two = test::start_tp_server(dir, tok, 2, "tp2", kCuda);
+  const pid_t worker = test::start_tp_worker(dir, two.master_port, "worker.log", kCuda);
   ASSERT_TRUE(wait_healthy(two.port, 90s)) << slurp(dir / "server_tp2.log") << slurp(dir / "worker.log");
   EXPECT_NE(slurp(dir / "worker.log").find("joining the NCCL communicator on CUDA device 1"), std::string::npos)
       << slurp(dir / "worker.log");
-  auto r2 = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", completion(prompt, 6).dump());
+  auto r2 = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", test::tiny_completion(prompt, 6).dump());
   ASSERT_EQ(r2.status, 200) << r2.body << slurp(dir / "server_tp2.log");
   EXPECT_EQ(J::parse(r2.body)["choices"][0]["token_ids"], ids1);
-  auto c2 = dsv41::test_support::http_request(two.port, "POST", "/v1/chat/completions", chat().dump());
+  auto c2 = dsv41::test_support::http_request(two.port, "POST", "/v1/chat/completions", test::tiny_chat().dump());
   ASSERT_EQ(c2.status, 200) << c2.body;
   EXPECT_EQ(J::parse(c2.body)["choices"][0]["message"], J::parse(c1.body)["choices"][0]["message"]);
 
@@ -212,7 +154,7 @@ TEST(CudaTensorParallelServe, AnswersLikeOneGpuAndFailsCleanlyWhenTheWorkerDies)
 
   // The worker dies mid-stream: the stream ends with an error event within 5 s.
   {
-    J req = completion(prompt, 100);
+    J req = test::tiny_completion(prompt, 100);
     req["stream"] = true;
     dsv41::test_support::Socket s(two.port);
     ASSERT_TRUE(s.ok());
@@ -223,7 +165,7 @@ TEST(CudaTensorParallelServe, AnswersLikeOneGpuAndFailsCleanlyWhenTheWorkerDies)
     while (raw.find("\"text\"") == std::string::npos && !eof && Clock::now() < first_deadline)
       raw += s.read_some(100, eof);
     ASSERT_NE(raw.find("\"text\""), std::string::npos) << raw;
-    stop(worker);
+    kill_and_reap(worker);
     const auto t0 = Clock::now();
     while (!eof && !dsv41::test_support::response_complete(raw) && Clock::now() < t0 + 15s) raw += s.read_some(100, eof);
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0) << raw;
@@ -232,7 +174,7 @@ TEST(CudaTensorParallelServe, AnswersLikeOneGpuAndFailsCleanlyWhenTheWorkerDies)
   // Later requests fail at once with 503 naming rank 1.
   {
     const auto t0 = Clock::now();
-    auto r = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", completion(prompt, 3).dump());
+    auto r = dsv41::test_support::http_request(two.port, "POST", "/v1/completions", test::tiny_completion(prompt, 3).dump());
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
     EXPECT_EQ(r.status, 503) << r.body;
     EXPECT_NE(r.body.find("tensor-parallel rank 1"), std::string::npos) << r.body;

@@ -1,6 +1,9 @@
 // Indexer scoring (MODEL.md §5.4): s_u = bf16( Σ_h bf16( relu(bf16(q_h·K_u)) · w_h ) ) for visible
-// entries, -inf beyond the query's visible count. One warp per entry; lanes take heads, each head
-// dot is the reference's fma chain, the head terms are added in head order through shuffles.
+// entries, -inf beyond the query's visible count. The tiled kernel stages a tile of keys (fp32,
+// k-major) and the query's heads in shared memory; each thread runs the dot.h fma chains of 4 heads
+// x 4 keys side by side (k ascending, one chain per 256-wide K block, blocks added in order), then
+// one thread per key adds the head terms in head order. The warp kernel (one warp per entry, lanes
+// take heads) remains for shapes the tiled one does not take.
 // Plus the level-1 candidate blocks of the candidate source and their mask on later layers.
 #include <cmath>
 
@@ -62,6 +65,168 @@ __global__ void indexer_kernel(IndexerArgs a) {
   }
 }
 
+// ---- tiled kernel ---------------------------------------------------------------------------------
+constexpr int kTileKeys = 64;
+constexpr int kTileHeadsMax = 128;
+constexpr int kKeyGroups = kTileKeys / 4;  // threads per head group of 4
+constexpr size_t kTiledMaxSmem = 200 * 1024;
+
+struct TiledLayout {
+  int64_t hp, qs, ts, threads;  // padded heads, q row stride, term row stride, block size
+  size_t q, kt, terms, total;   // byte offsets
+};
+__host__ __device__ inline TiledLayout tiled_layout(int64_t heads, int64_t hd) {
+  TiledLayout L;
+  L.hp = (heads + 3) / 4 * 4;
+  L.qs = hd + 4;  // 16-byte rows; two head groups in one warp land on different banks
+  L.ts = L.hp + 1;
+  L.threads = L.hp / 4 * kKeyGroups < 64 ? 64 : L.hp / 4 * kKeyGroups;
+  L.q = 0;
+  L.kt = L.q + static_cast<size_t>(L.hp * L.qs) * 4;
+  L.terms = L.kt;  // the head terms reuse the key tile once every dot is in registers
+  const size_t kt_bytes = static_cast<size_t>(hd * kTileKeys) * 4, terms_bytes = static_cast<size_t>(kTileKeys * L.ts) * 4;
+  L.total = L.kt + (kt_bytes > terms_bytes ? kt_bytes : terms_bytes);
+  return L;
+}
+
+__global__ void __launch_bounds__(512) indexer_tiled_kernel(IndexerArgs a) {
+  extern __shared__ __align__(16) unsigned char raw_smem[];
+  const int64_t hd = a.head_dim, H = a.heads;
+  const TiledLayout L = tiled_layout(H, hd);
+  float* q = reinterpret_cast<float*>(raw_smem + L.q);          // [hp][qs]
+  float* kt = reinterpret_cast<float*>(raw_smem + L.kt);        // [hd][kTileKeys]
+  float* terms = reinterpret_cast<float*>(raw_smem + L.terms);  // [kTileKeys][ts]
+  const int64_t t = blockIdx.y;
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  {
+    // The query's heads, 4 values per load, 8 loads in flight per thread (a plain loop would wait
+    // for every load in turn).
+    const int hd4 = static_cast<int>(hd / 4), total = static_cast<int>(L.hp) * hd4, qs = static_cast<int>(L.qs);
+    const float4* src = reinterpret_cast<const float4*>(a.qi + t * H * hd);
+    for (int base = tid; base < total; base += 8 * nthreads) {
+      float4 r[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = base + u * nthreads;
+        r[u] = i < total && i / hd4 < H ? src[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = base + u * nthreads;
+        if (i < total) *reinterpret_cast<float4*>(q + (i / hd4) * qs + (i % hd4) * 4) = r[u];
+      }
+    }
+  }
+  const int64_t n_vis = (a.start + t + 1) / a.ratio;
+  const int64_t ntiles = (a.T + kTileKeys - 1) / kTileKeys;
+  const int hg = tid / kKeyGroups, ug = tid % kKeyGroups;
+  const bool computes = hg < L.hp / 4;
+  // Key tile staging: vector v (8 values) of the tile is key v % kTileKeys, values 8·(v / kTileKeys)..
+  // The first kPrefetch·nthreads vectors of the next tile are loaded into registers while this tile
+  // computes; any further ones (long head_dim, few heads) are loaded when stored.
+  constexpr int kPrefetch = 8;
+  const int64_t vecs = kTileKeys * hd / 8;
+  auto load_vec = [&](int64_t u0, int64_t v) {
+    const int64_t u = u0 + v % kTileKeys;
+    if (v < vecs && a.keys && u < a.n_keys && u0 < n_vis)
+      return __ldg(reinterpret_cast<const uint4*>(a.keys + u * hd + (v / kTileKeys) * 8));
+    return make_uint4(0, 0, 0, 0);  // rows past n_keys are zeros (their dots are replaced by 0 below)
+  };
+  auto store_vec = [&](int64_t v, uint4 raw) {
+    const int64_t uu = v % kTileKeys, k0 = (v / kTileKeys) * 8;
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      kt[(k0 + 2 * e) * kTileKeys + uu] = __uint_as_float(w[e] << 16);
+      kt[(k0 + 2 * e + 1) * kTileKeys + uu] = __uint_as_float(w[e] & 0xffff0000u);
+    }
+  };
+  uint4 pre[kPrefetch];
+#pragma unroll
+  for (int i = 0; i < kPrefetch; ++i) pre[i] = load_vec(static_cast<int64_t>(blockIdx.x) * kTileKeys, tid + i * nthreads);
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const int64_t u0 = tile * kTileKeys;
+    if (u0 >= n_vis) {  // nothing visible in this tile (uniform over the block)
+      for (int64_t uu = tid; uu < kTileKeys && u0 + uu < a.T; uu += nthreads) a.scores[t * a.T + u0 + uu] = -INFINITY;
+      continue;
+    }
+    __syncthreads();  // previous tile's readers of kt and terms are done
+#pragma unroll
+    for (int i = 0; i < kPrefetch; ++i)
+      if (tid + i * nthreads < vecs) store_vec(tid + i * nthreads, pre[i]);
+    for (int64_t v = tid + kPrefetch * nthreads; v < vecs; v += nthreads) store_vec(v, load_vec(u0, v));
+    const int64_t next_u0 = (tile + gridDim.x) * kTileKeys;
+#pragma unroll
+    for (int i = 0; i < kPrefetch; ++i) pre[i] = load_vec(next_u0, tid + i * nthreads);
+    __syncthreads();
+    float dot[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dot[i][j] = 0.0f;
+    if (computes) {
+      const float* qh = q + (4 * hg) * L.qs;
+      for (int64_t kb = 0; kb < hd; kb += dev::kGemmKBlock) {
+        const int64_t ke = kb + dev::kGemmKBlock < hd ? kb + dev::kGemmKBlock : hd;
+        float acc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+        for (int64_t k = kb; k < ke; k += 4) {
+          float qv[4][4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float4 v = *reinterpret_cast<const float4*>(qh + i * L.qs + k);
+            qv[i][0] = v.x, qv[i][1] = v.y, qv[i][2] = v.z, qv[i][3] = v.w;
+          }
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            const float4 kv4 = *reinterpret_cast<const float4*>(kt + (k + kk) * kTileKeys + 4 * ug);
+            const float kv[4] = {kv4.x, kv4.y, kv4.z, kv4.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+              for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(qv[i][kk], kv[j], acc[i][j]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) dot[i][j] = __fadd_rn(dot[i][j], acc[i][j]);
+      }
+    }
+    __syncthreads();  // the key tile is read: its space takes the head terms
+    if (computes) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t h = 4 * hg + i;
+        if (h >= H) continue;
+        const float wh = a.w[t * H + h];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t uu = 4 * ug + j;
+          const float bd = dev::bf16_round(u0 + uu < a.n_keys ? dot[i][j] : 0.0f);
+          const float rl = bd < 0.0f ? 0.0f : bd;  // std::max(bd, 0): -0 and NaN pass through
+          terms[uu * L.ts + h] = dev::bf16_round(__fmul_rn(rl, wh));
+        }
+      }
+    }
+    __syncthreads();
+    for (int64_t uu = tid; uu < kTileKeys; uu += nthreads) {
+      const int64_t u = u0 + uu;
+      if (u >= a.T) continue;
+      float acc = -INFINITY;
+      if (u < n_vis) {
+        acc = 0.0f;
+        for (int64_t h = 0; h < H; ++h) acc = __fadd_rn(acc, terms[uu * L.ts + h]);
+        acc = dev::bf16_round(acc);
+      }
+      a.scores[t * a.T + u] = acc;
+    }
+  }
+}
+
 // Block maxima of the candidate source's scores, the block holding entry n_vis-1 pinned to +inf.
 __global__ void block_scores_kernel(CandidateArgs a, int64_t nb) {
   const int64_t total = a.n * nb;
@@ -108,7 +273,47 @@ unsigned elem_grid(int64_t total) {
 }  // namespace
 
 namespace raw {
+cudaError_t indexer_scores_tiled(const IndexerArgs& a, cudaStream_t s) {
+  if (a.n == 0 || a.T == 0) return cudaSuccess;
+  if (a.heads < 1 || a.heads > kTileHeadsMax || a.head_dim < 8 || a.head_dim % 8 != 0 || a.n > 65535 ||
+      reinterpret_cast<uintptr_t>(a.qi) % 16 != 0)
+    return cudaErrorNotSupported;
+  static int sms[64] = {};
+  static int configured[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= 64) return cudaErrorNotSupported;
+  if (sms[dev] == 0) {
+    e = cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+  }
+  const TiledLayout L = tiled_layout(a.heads, a.head_dim);
+  if (L.total > kTiledMaxSmem) return cudaErrorNotSupported;
+  // The shared-memory opt-in is raised once to the largest supported layout (the first launch), so
+  // later launches, e.g. inside a graph capture, never change it.
+  if (!configured[dev]) {
+    e = cudaFuncSetAttribute(indexer_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTiledMaxSmem));
+    if (e != cudaSuccess) return e;
+    configured[dev] = 1;
+  }
+  // About eight blocks per SM in all (two waves at the real shapes' four resident blocks); each
+  // loops over its share of the tiles (the query's heads staged once per block).
+  const int64_t ntiles = (a.T + kTileKeys - 1) / kTileKeys;
+  int64_t gx = (8 * static_cast<int64_t>(sms[dev]) + a.n - 1) / a.n;
+  gx = gx < ntiles ? gx : ntiles;
+  const dim3 grid(static_cast<unsigned>(gx < 1 ? 1 : gx), static_cast<unsigned>(a.n));
+  indexer_tiled_kernel<<<grid, static_cast<unsigned>(L.threads), L.total, s>>>(a);
+  return cudaGetLastError();
+}
+
 cudaError_t indexer_scores(const IndexerArgs& a, cudaStream_t s) {
+  const cudaError_t e = indexer_scores_tiled(a, s);
+  if (e != cudaErrorNotSupported) return e;
+  return indexer_scores_warp(a, s);
+}
+
+cudaError_t indexer_scores_warp(const IndexerArgs& a, cudaStream_t s) {
   if (a.n == 0 || a.T == 0) return cudaSuccess;
   const int64_t per_block = kWarps * kEntriesPerWarp;
   const dim3 grid(static_cast<unsigned>((a.T + per_block - 1) / per_block), static_cast<unsigned>(a.n));

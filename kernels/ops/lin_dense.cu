@@ -1,7 +1,18 @@
 // LinBF16 / LinF32 (MODEL.md §4) with the CPU reference's accumulation order (dot.h: fma chains over
-// 256-wide K blocks, block results added in K order): one warp per output row, lane j runs block j.
-// Bit-identical to the reference; the grouped form serves the low-rank output projection wo_a.
+// 256-wide K blocks from zero, block results added in K order from zero). Bit-identical to the
+// reference; the grouped form serves the low-rank output projection wo_a.
+//
+// Tiled kernel (aligned rows, the usual case): a CTA of 128 threads owns 128/S output rows and R
+// activation rows. Thread (s, o) runs the fma chains of row o over the K blocks s, s+S, s+2S, ...,
+// R chains side by side (one per activation row, which also hides the fma latency). The weights
+// stream through shared memory in 128-byte row pieces with cp.async (three stages in flight,
+// coalesced 16-byte copies), the activation pieces ride along and are read as broadcasts. With
+// S > 1 (few output rows: split K to fill the GPU) each round's S block results meet in shared
+// memory and the s = 0 thread adds them in K order. Unaligned shapes and linears with few output
+// rows take the warp-per-row kernel.
 #include <cuda_bf16.h>
+
+#include <atomic>
 
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
@@ -9,6 +20,7 @@
 namespace dsv41::ops::gpu {
 namespace {
 
+// ---- warp-per-row kernel (any alignment; few output rows) ----------------------------------------------------
 constexpr int kWarps = 8;
 constexpr int kRows = 4;
 
@@ -38,7 +50,7 @@ __device__ __forceinline__ void load8(const float* w, int64_t k, float (&o)[8]) 
 // Lane j owns K block j (+32, ...) and runs one fma chain per activation row over it; the weights
 // are read once for all rows (vector loads when Vec: in % 8 == 0 and aligned rows).
 template <class W, bool Vec>
-__global__ void dense_kernel(DenseArgs a) {
+__global__ void dense_warp_kernel(DenseArgs a) {
   const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (o >= a.out) return;
   const int lane = threadIdx.x & 31;
@@ -90,24 +102,263 @@ __global__ void dense_kernel(DenseArgs a) {
   }
 }
 
+// ---- tiled kernel ------------------------------------------------------------------------------------
+constexpr int kT = 128;                    // threads per CTA
+constexpr int kPieceBytes = 128;           // bytes of one weight row per stage
+constexpr int kPitch = kPieceBytes + 16;   // smem row pitch: conflict-free 16-byte reads
+constexpr int kStages = 3;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Eight weights at p as floats (one 16-byte read of bf16, two of fp32).
+__device__ __forceinline__ void smem8(const uint16_t* p, float (&o)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    o[2 * i] = __uint_as_float(u[i] << 16);
+    o[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void smem8(const float* p, float (&o)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+
+template <class W, int R, int S>
+struct TileShape {
+  static constexpr int kTO = kT / S;                             // output rows per CTA
+  static constexpr int kCols = kPieceBytes / sizeof(W);          // K columns per stage (64 / 32)
+  static constexpr int kSub = dev::kGemmKBlock / kCols;          // stages per 256-block round
+  static constexpr int kXPitch = R * kCols + 4;                  // floats per slice in the x piece
+  static constexpr int kWBytes = kStages * kT * kPitch;
+  static constexpr int kXBytes = kStages * S * kXPitch * 4;
+  static constexpr int kFoldBytes = S > 1 ? 2 * R * S * kTO * 4 : 0;
+  static constexpr int kBytes = kWBytes + kXBytes + kFoldBytes;
+};
+
+template <class W, int R, int S>
+__global__ void __launch_bounds__(kT) dense_tiled_kernel(DenseArgs a) {
+  using Sh = TileShape<W, R, S>;
+  constexpr int kTO = Sh::kTO, kCols = Sh::kCols, kSub = Sh::kSub, kXPitch = Sh::kXPitch;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* wbuf = smem;
+  float* xbuf = reinterpret_cast<float*>(smem + Sh::kWBytes);
+  float* fold = reinterpret_cast<float*>(smem + Sh::kWBytes + Sh::kXBytes);
+
+  const int t = threadIdx.x, s = t / kTO, ol = t % kTO;
+  const int64_t in = a.in, out = a.out, g = blockIdx.z;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kTO, o = o0 + ol;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * R;
+  const int nr = static_cast<int>(a.m - r0 < R ? a.m - r0 : R);
+  const W* wg = static_cast<const W*>(a.w) + g * out * in;
+  const int64_t nb = (in + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
+  const int64_t rounds = (nb + S - 1) / S, n_stages = rounds * kSub;
+
+  // valid columns of slice sl's piece in stage q (0 when its block is past the end)
+  auto piece_cols = [&](int64_t q, int sl, int64_t& k0) -> int {
+    const int64_t kb = (q / kSub) * S + sl;
+    k0 = kb * dev::kGemmKBlock + (q % kSub) * kCols;
+    if (kb >= nb || k0 >= in) return 0;
+    return static_cast<int>(in - k0 < kCols ? in - k0 : kCols);
+  };
+  auto issue = [&](int64_t q, int buf) {
+    constexpr int kChunks = kPieceBytes / 16, kElems = 16 / sizeof(W);
+    for (int c = t; c < kT * kChunks; c += kT) {
+      const int row = c / kChunks, ch = c % kChunks;
+      const int64_t orow = o0 + row % kTO;
+      int64_t k0;
+      const int n = piece_cols(q, row / kTO, k0);
+      if (orow < out && ch * kElems < n)
+        cp_async16(wbuf + (buf * kT + row) * kPitch + ch * 16, wg + orow * in + k0 + ch * kElems);
+    }
+    constexpr int kXChunks = kCols / 4;
+    for (int c = t; c < S * R * kXChunks; c += kT) {
+      const int sl = c / (R * kXChunks), r = (c / kXChunks) % R, ch = c % kXChunks;
+      int64_t k0;
+      const int n = piece_cols(q, sl, k0);
+      if (r < nr && ch * 4 < n)
+        cp_async16(xbuf + (buf * S + sl) * kXPitch + r * kCols + ch * 4,
+                   a.x + (r0 + r) * a.x_stride + g * in + k0 + ch * 4);
+    }
+  };
+
+  float acc[R], total[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = total[r] = 0.0f;
+  // s = 0 threads add the S block results of round i in K order (S > 1)
+  auto fold_round = [&](int64_t i) {
+    if (S > 1 && s == 0) {
+      const float* f = fold + (i & 1) * R * S * kTO;
+      for (int sl = 0; sl < S; ++sl)
+        if (i * S + sl < nb)
+#pragma unroll
+          for (int r = 0; r < R; ++r) total[r] = __fadd_rn(total[r], f[(r * S + sl) * kTO + ol]);
+    }
+  };
+
+#pragma unroll
+  for (int q = 0; q < kStages - 1; ++q) {
+    if (q < n_stages) issue(q, q);
+    cp_async_commit();
+  }
+  for (int64_t q = 0; q < n_stages; ++q) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (S > 1 && q % kSub == 0 && q > 0) fold_round(q / kSub - 1);
+    {
+      const int64_t qn = q + kStages - 1;
+      if (qn < n_stages) issue(qn, static_cast<int>(qn % kStages));
+      cp_async_commit();
+    }
+    const int buf = static_cast<int>(q % kStages);
+    int64_t k0;
+    const int n = piece_cols(q, s, k0);
+    const W* wp = reinterpret_cast<const W*>(wbuf + (buf * kT + t) * kPitch);
+    const float* xp = xbuf + (buf * S + s) * kXPitch;
+#pragma unroll
+    for (int k = 0; k < kCols; k += 8) {
+      if (k < n) {
+        float wv[8];
+        smem8(wp + k, wv);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float4 x0 = *reinterpret_cast<const float4*>(xp + r * kCols + k);
+          const float4 x1 = *reinterpret_cast<const float4*>(xp + r * kCols + k + 4);
+          const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r] = fmaf(xv[e], wv[e], acc[r]);
+        }
+      }
+    }
+    if (q % kSub == kSub - 1) {  // the round's blocks are complete
+      const int64_t i = q / kSub;
+      if constexpr (S == 1) {
+        if (i < nb)
+#pragma unroll
+          for (int r = 0; r < R; ++r) total[r] = __fadd_rn(total[r], acc[r]);
+      } else {
+        float* f = fold + (i & 1) * R * S * kTO;
+#pragma unroll
+        for (int r = 0; r < R; ++r) f[(r * S + s) * kTO + ol] = acc[r];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    }
+  }
+  cp_async_wait<0>();
+  if constexpr (S > 1) {
+    __syncthreads();
+    fold_round(rounds - 1);
+  }
+  if (s == 0 && o < out)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (r < nr) a.y[(r0 + r) * a.y_stride + g * out + o] = a.round_bf16 ? dev::bf16_round(total[r]) : total[r];
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      n <= 0)
+    return 132;
+  return n;
+}
+
+// Shared-memory opt-in of one variant, once per device (tensor-parallel processes drive several).
+template <class W, int R, int S>
+cudaError_t configure_tiled() {
+  static std::atomic<uint64_t> configured{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (configured.load(std::memory_order_acquire) & bit) return cudaSuccess;
+  e = cudaFuncSetAttribute(dense_tiled_kernel<W, R, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           TileShape<W, R, S>::kBytes);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(dense_tiled_kernel<W, R, S>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+  if (e == cudaSuccess) configured.fetch_or(bit, std::memory_order_acq_rel);
+  return e;
+}
+// Every variant at the first launch on a device, so that an eager call before a graph capture covers
+// the variants a captured call may pick.
+template <class W>
+cudaError_t configure_all_tiled() {
+  const cudaError_t es[] = {configure_tiled<W, 1, 1>(), configure_tiled<W, 1, 2>(), configure_tiled<W, 1, 4>(),
+                            configure_tiled<W, 1, 8>(), configure_tiled<W, 2, 1>(), configure_tiled<W, 2, 2>(),
+                            configure_tiled<W, 2, 4>(), configure_tiled<W, 2, 8>(), configure_tiled<W, 4, 1>(),
+                            configure_tiled<W, 4, 2>(), configure_tiled<W, 4, 4>(), configure_tiled<W, 8, 1>(),
+                            configure_tiled<W, 8, 2>()};
+  for (cudaError_t e : es)
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+template <class W, int R, int S>
+cudaError_t launch_tiled(const DenseArgs& a, cudaStream_t st) {
+  using Sh = TileShape<W, R, S>;
+  const dim3 grid(static_cast<unsigned>((a.out + Sh::kTO - 1) / Sh::kTO), static_cast<unsigned>((a.m + R - 1) / R),
+                  static_cast<unsigned>(a.groups));
+  dense_tiled_kernel<W, R, S><<<grid, kT, Sh::kBytes, st>>>(a);
+  return cudaGetLastError();
+}
+
+// K split S: the smallest power of two that gives ~2 CTAs per SM (at most 8, S*R <= 16, S <= blocks).
+template <class W, int R>
+cudaError_t launch_rows(const DenseArgs& a, cudaStream_t st) {
+  const int64_t nb = (a.in + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
+  const int64_t want = 2 * static_cast<int64_t>(sm_count());
+  const int64_t row_tiles = ((a.m + R - 1) / R) * a.groups;
+  int S = 1;
+  while (S < 8 && S * 2 * R <= 16 && S * 2 <= nb && ((a.out + kT / S - 1) / (kT / S)) * row_tiles < want) S *= 2;
+  if constexpr (R <= 2) {
+    if (S == 8) return launch_tiled<W, R, 8>(a, st);
+  }
+  if constexpr (R <= 4) {
+    if (S == 4) return launch_tiled<W, R, 4>(a, st);
+  }
+  if (S == 2) return launch_tiled<W, R, 2>(a, st);
+  return launch_tiled<W, R, 1>(a, st);
+}
+
+template <class W>
+cudaError_t launch_dense(const DenseArgs& a, cudaStream_t st) {
+  // tiled path: 16-byte aligned weight rows, x rows and group offsets
+  const bool aligned = a.in % 8 == 0 && a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
+  // Few output rows (the indexer's weights_proj, the compressor and index keys at decode sizes): the
+  // warp-per-row kernel is faster there (measured on H200: 32 rows 14 vs 18 us, 512 rows 19 vs 29 us
+  // at m = 1; 32 rows 51 vs 86 us at m = 256); the tiled kernel takes everything else.
+  const int64_t rows_out = a.out * a.groups;
+  if (!aligned || rows_out <= 64 || (rows_out <= 1024 && a.m <= 4)) {
+    const dim3 grid(static_cast<unsigned>((a.out + kWarps - 1) / kWarps), static_cast<unsigned>((a.m + kRows - 1) / kRows),
+                    static_cast<unsigned>(a.groups));
+    if (aligned) dense_warp_kernel<W, true><<<grid, kWarps * 32, 0, st>>>(a);
+    else dense_warp_kernel<W, false><<<grid, kWarps * 32, 0, st>>>(a);
+    return cudaGetLastError();
+  }
+  const cudaError_t conf = configure_all_tiled<W>();
+  if (conf != cudaSuccess) return conf;
+  if (a.m == 1) return launch_rows<W, 1>(a, st);
+  if (a.m == 2) return launch_rows<W, 2>(a, st);
+  if (a.m <= 4) return launch_rows<W, 4>(a, st);
+  return launch_rows<W, 8>(a, st);
+}
+
 }  // namespace
 
 namespace raw {
 cudaError_t lin_dense(const DenseArgs& a, cudaStream_t s) {
   if (a.m == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((a.out + kWarps - 1) / kWarps), static_cast<unsigned>((a.m + kRows - 1) / kRows),
-                  static_cast<unsigned>(a.groups));
-  // vector loads need 16-byte aligned weight rows and x rows/groups
-  const bool vec = a.in % 8 == 0 && a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
-  if (a.wt == DenseType::BF16) {
-    if (vec) dense_kernel<uint16_t, true><<<grid, kWarps * 32, 0, s>>>(a);
-    else dense_kernel<uint16_t, false><<<grid, kWarps * 32, 0, s>>>(a);
-  } else {
-    if (vec) dense_kernel<float, true><<<grid, kWarps * 32, 0, s>>>(a);
-    else dense_kernel<float, false><<<grid, kWarps * 32, 0, s>>>(a);
-  }
-  return cudaGetLastError();
+  return a.wt == DenseType::BF16 ? launch_dense<uint16_t>(a, s) : launch_dense<float>(a, s);
 }
 }  // namespace raw
 

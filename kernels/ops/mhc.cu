@@ -1,6 +1,10 @@
 // mHC (MODEL.md §5.2): the per-site mix (stream rsqrt, fp32 GEMV, Sinkhorn split), collapse and
 // expand. Sums follow the CPU reference's order; exp goes through double like libm's expf, and the
 // pre/post sigmoids use PyTorch's vectorised exp where the reference's elementwise kernel does.
+//
+// The mix dots stage the token's streams and the mix row in shared memory and run every K part's
+// fma chain on its own thread (hc_mix_dots_staged_kernel); the Sinkhorn split runs one warp per
+// token with one comb entry per lane. Both keep each sum's order and every rounding.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 
@@ -8,6 +12,13 @@ namespace dsv41::ops::gpu {
 namespace {
 
 constexpr int kMaxHc = 16;
+constexpr int kStagedThreads = 512;
+// P-part K partitions (prefill only) give each block a few long chains: above this many tokens the
+// unstaged form's many small blocks overlap those latencies better. Parts of 256 stay staged at any
+// size: the unstaged form took 1.09 ms for 256 tokens on the H200, while one wave of staged blocks
+// (with the split) took under 15 µs at 1-4 tokens, and 256 tokens are 47 such waves.
+constexpr int64_t kStagedMaxTokensPartsP = 32;
+constexpr int kSplitWarps = 4;
 
 // hc_split_sinkhorn (src/model/ops/mhc.cpp), one thread.
 // The first `vec` pre/post elements take torch.sigmoid's vector path (HcMixArgs::rows_ref).
@@ -109,6 +120,140 @@ __global__ void hc_split_kernel(HcMixArgs a) {
   for (int64_t i = 0; i < n_mix; ++i) a.mix[t * n_mix + i] = out[i];
 }
 
+// K range [k0, k1) of part p of the mixes GEMM (HcMixArgs::k_parts; 0 = parts of 256).
+__device__ __forceinline__ void mix_part_range(const HcMixArgs& a, int64_t k, int64_t p, int64_t& k0, int64_t& k1) {
+  if (a.k_parts == 0) {
+    k0 = p * dev::kGemmKBlock;
+    k1 = k0 + dev::kGemmKBlock < k ? k0 + dev::kGemmKBlock : k;
+    return;
+  }
+  const int64_t units = (k + 63) / 64, base = units / a.k_parts, extra = units % a.k_parts;
+  k0 = (p * base + (p < extra ? p : extra)) * 64;
+  k0 = k0 < k ? k0 : k;
+  k1 = k0 + (base + (p < extra ? 1 : 0)) * 64;
+  k1 = k1 < k ? k1 : k;
+}
+__host__ __device__ __forceinline__ int64_t mix_parts(const HcMixArgs& a) {
+  return a.k_parts > 0 ? a.k_parts : (a.hc * a.dim + 255) / 256;
+}
+
+// One block per (mix row, token): the token's streams and the fn row are staged in shared memory
+// (chain_swizzle layout); thread p runs part p's fma chain while the warps without a part form the
+// step partials of the stream rsqrt statistic (torch_sum order); then the first of those warps runs
+// the sum's fold cascade, and its lane 0 adds the parts in K order as the unstaged kernel does
+// (from zero for parts of 256; from part 0, stopping once K is covered, for P parts).
+__global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMixArgs a) {
+  extern __shared__ float4 smem_f4[];
+  const int64_t i = blockIdx.x, t = blockIdx.y;
+  const int64_t k = a.hc * a.dim, n_mix = (2 + a.hc) * a.hc, rows = dev::chain_rows_size(k), parts = mix_parts(a);
+  float* sh = reinterpret_cast<float*>(smem_f4);
+  float* sw = sh + rows;
+  float* part = sw + rows;
+  float* scratch = part + (parts + 3) / 4 * 4;  // torch_sum_scratch_floats(k)
+  {
+    float* const dst[2] = {sh, sw};
+    const float* const src[2] = {a.h + t * k, a.fn + i * k};
+    dev::block_stage_swizzled<2>(dst, src, k);
+  }
+  __syncthreads();
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int sum_warp = static_cast<int>((parts + 31) / 32);  // the first warp without a part
+  auto square = [&](int64_t j) {
+    const float v = sh[dev::chain_swizzle(j)];
+    return __fmul_rn(v, v);
+  };
+  if (tid < parts) {
+    int64_t k0, k1;
+    mix_part_range(a, k, tid, k0, k1);
+    part[tid] = dev::swizzled_chain_dot(sw, sh, k0, k1);
+  } else if (warp >= sum_warp) {
+    dev::torch_sum_partials(square, k, warp - sum_warp, kStagedThreads / 32 - sum_warp, scratch);
+  }
+  __syncthreads();
+  if (warp != sum_warp) return;
+  const float sum = dev::torch_sum_cascade(square, k, scratch);
+  if ((tid & 31) != 0) return;
+  const float rsqrt = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, static_cast<float>(k)), a.norm_eps)));
+  float total;
+  if (a.k_parts == 0) {
+    total = dev::ordered_sum(0.0f, part, parts);
+  } else {
+    total = part[0];
+    for (int64_t p = 1; p < parts; ++p) {
+      int64_t k0, k1;
+      mix_part_range(a, k, p, k0, k1);
+      if (k0 >= k) break;  // the reference stops once K is covered
+      total = __fadd_rn(total, part[p]);
+    }
+  }
+  a.mix[t * n_mix + i] = __fmul_rn(total, rsqrt);
+}
+
+// split_sinkhorn of one token per warp, in place: lane i < hc computes pre[i], lane hc+i post[i],
+// lane r*hc+c comb entry (r, c); row and column sums gather their hc entries by shuffles in the
+// reference's order. Needs hc*hc <= 32.
+template <int HC>
+__global__ void hc_split_warp_kernel(HcMixArgs a) {
+  constexpr int kNm = (2 + HC) * HC;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSplitWarps + threadIdx.x / 32;
+  if (t >= a.n) return;  // uniform per warp
+  const int lane = threadIdx.x & 31;
+  float* mix = a.mix + t * kNm;
+  int vec = HC;
+  if (a.rows_ref >= 0) {
+    const int64_t v = (a.rows_ref * HC) / 16 * 16 - (a.t_ref0 + t) * HC;
+    vec = static_cast<int>(v < 0 ? 0 : (v > HC ? HC : v));
+  }
+  const float eps = a.hc_eps;
+  // every read of the token's mix happens before any write
+  const float pp = lane < 2 * HC ? mix[lane] : 0.0f;
+  const int cl = lane < HC * HC ? lane : 0;
+  float c = __fadd_rn(__fmul_rn(mix[2 * HC + cl], a.scale[2]), a.base[2 * HC + cl]);
+  float out_pp = 0.0f;
+  if (lane < HC) {
+    out_pp = __fadd_rn(dev::torch_sigmoid(__fadd_rn(__fmul_rn(pp, a.scale[0]), a.base[lane]), lane < vec), eps);
+  } else if (lane < 2 * HC) {
+    const int i = lane - HC;
+    out_pp = __fmul_rn(2.0f, dev::torch_sigmoid(__fadd_rn(__fmul_rn(pp, a.scale[1]), a.base[lane]), i < vec));
+  }
+  const int r = cl / HC, col = cl % HC;
+  auto row_sum = [&](float v) {
+    float g[HC];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) g[j] = __shfl_sync(dev::kFull, v, r * HC + j);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) s = __fadd_rn(s, g[j]);
+    return s;
+  };
+  auto col_norm = [&] {
+    float g[HC];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) g[j] = __shfl_sync(dev::kFull, c, j * HC + col);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) s = __fadd_rn(s, g[j]);
+    c = __fdiv_rn(c, __fadd_rn(s, eps));
+  };
+  {  // softmax row normalisation
+    float g[HC];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) g[j] = __shfl_sync(dev::kFull, c, r * HC + j);
+    float mx = g[0];
+#pragma unroll
+    for (int j = 1; j < HC; ++j) mx = g[j] > mx ? g[j] : mx;
+    c = dev::exp_ref(__fsub_rn(c, mx));
+    c = __fadd_rn(__fdiv_rn(c, row_sum(c)), eps);
+  }
+  col_norm();
+  for (int64_t it = 0; it + 1 < a.iters; ++it) {
+    c = __fdiv_rn(c, __fadd_rn(row_sum(c), eps));
+    col_norm();
+  }
+  if (lane < 2 * HC) mix[lane] = out_pp;
+  if (lane < HC * HC) mix[2 * HC + lane] = c;
+}
+
 __global__ void hc_collapse_kernel(HcCollapseArgs a) {
   const int64_t total = a.n * a.dim;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -152,16 +297,35 @@ unsigned elem_grid(int64_t total) {
 namespace raw {
 cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
+  const int64_t k = a.hc * a.dim, parts = mix_parts(a);
+  const size_t staged_smem =
+      static_cast<size_t>(2 * ((k + 255) / 256 * 256) + (parts + 3) / 4 * 4 + dev::torch_sum_scratch_floats(k)) * sizeof(float);
+  const bool staged = (a.k_parts == 0 || a.n <= kStagedMaxTokensPartsP) && parts <= kStagedThreads - 32 &&
+                      staged_smem <= kMaxStagedSmem;
+  if (staged) {
+    const cudaError_t e = allow_dynamic_smem<hc_mix_dots_staged_kernel>(staged_smem);
+    if (e != cudaSuccess) return e;
+  }
   for (int64_t t0 = 0; t0 < a.n; t0 += 65535) {  // grid.y limit
     HcMixArgs b = a;
     b.n = a.n - t0 < 65535 ? a.n - t0 : 65535;
     b.h = a.h + t0 * a.hc * a.dim;
     b.mix = a.mix + t0 * (2 + a.hc) * a.hc;
-    hc_mix_dots_kernel<<<dim3(static_cast<unsigned>((2 + a.hc) * a.hc), static_cast<unsigned>(b.n)), 64, 0, s>>>(b);
+    const dim3 grid(static_cast<unsigned>((2 + a.hc) * a.hc), static_cast<unsigned>(b.n));
+    if (staged) hc_mix_dots_staged_kernel<<<grid, kStagedThreads, staged_smem, s>>>(b);
+    else hc_mix_dots_kernel<<<grid, 64, 0, s>>>(b);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  hc_split_kernel<<<static_cast<unsigned>((a.n + 63) / 64), 64, 0, s>>>(a);
+  const unsigned split_blocks = static_cast<unsigned>((a.n + kSplitWarps - 1) / kSplitWarps);
+  switch (a.hc) {
+    case 1: hc_split_warp_kernel<1><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
+    case 2: hc_split_warp_kernel<2><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
+    case 3: hc_split_warp_kernel<3><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
+    case 4: hc_split_warp_kernel<4><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
+    case 5: hc_split_warp_kernel<5><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
+    default: hc_split_kernel<<<static_cast<unsigned>((a.n + 63) / 64), 64, 0, s>>>(a); break;
+  }
   return cudaGetLastError();
 }
 cudaError_t hc_collapse(const HcCollapseArgs& a, cudaStream_t s) {

@@ -2,6 +2,11 @@
 // top-k for selection, unbiased weights renormalised and scaled), the clamped SwiGLU with the
 // routing weight, and the combine (routed outputs added in increasing expert id, then the shared
 // expert, one bf16 rounding).
+//
+// The gate GEMV stages the gate row and the token in shared memory (chain_swizzle layout) and runs
+// each 256-wide K block's fma chain on its own thread; selection keeps each lane's candidate
+// scores in registers; the combine finds the expert-id order once per block. All keep the
+// reference's order and rounding.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 
@@ -11,16 +16,13 @@ namespace {
 constexpr int kRouterWarps = 8;
 constexpr int kMaxExperts = 1024;
 constexpr int kMaxTopk = 32;
+constexpr int kScoreThreads = 128;
+constexpr int kCombineThreads = 256;
+constexpr int kMaxCombineTopk = 256;
 
-// Scores of every (token, expert): one warp per expert, many blocks per token.
-__global__ void router_scores_kernel(RouterArgs a) {
-  const int64_t t = blockIdx.y;
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * kRouterWarps + threadIdx.x / 32;
-  if (e >= a.n_experts) return;
-  const float* x = a.x + t * a.dim;
-  const float* w = a.gate_w + e * a.dim;
-  float z = dev::warp_gemm_dot([&](int64_t k) { return w[k]; }, [&](int64_t k) { return x[k]; }, a.dim);
-  if ((threadIdx.x & 31) != 0) return;
+// The router's score of (token t, expert e) from its gate logit z (CpuModel::Impl::moe): written
+// unbiased and biased into the token's scratch row.
+__device__ __forceinline__ void store_score(const RouterArgs& a, int64_t t, int64_t e, float z) {
   z = __fdiv_rn(z, a.temp);
   float s;
   if (a.scoring == Scoring::Sigmoid) {
@@ -33,29 +35,84 @@ __global__ void router_scores_kernel(RouterArgs a) {
   a.scratch[t * 2 * a.n_experts + a.n_experts + e] = __fadd_rn(s, a.gate_bias[e]);
 }
 
+// Scores of expert blockIdx.x for tokens_per_block consecutive tokens: the gate row is staged once,
+// then each token; thread b runs K block b's chain (gemm_dot_f32), thread 0 adds the blocks in K
+// order from zero.
+__global__ void __launch_bounds__(kScoreThreads) router_scores_staged_kernel(RouterArgs a, int64_t tokens_per_block) {
+  extern __shared__ float4 smem_f4[];
+  const int64_t e = blockIdx.x, rows = dev::chain_rows_size(a.dim), blocks = (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
+  float* sw = reinterpret_cast<float*>(smem_f4);
+  float* sx = sw + rows;
+  float* part = sx + rows;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * tokens_per_block;
+  const int64_t t1 = t0 + tokens_per_block < a.n ? t0 + tokens_per_block : a.n;
+  for (int64_t t = t0; t < t1; ++t) {
+    if (t == t0) {
+      float* const dst[2] = {sw, sx};
+      const float* const src[2] = {a.gate_w + e * a.dim, a.x + t * a.dim};
+      dev::block_stage_swizzled<2>(dst, src, a.dim);
+    } else {
+      float* const dst[1] = {sx};
+      const float* const src[1] = {a.x + t * a.dim};
+      dev::block_stage_swizzled<1>(dst, src, a.dim);
+    }
+    __syncthreads();
+    for (int64_t b = threadIdx.x; b < blocks; b += kScoreThreads) {
+      const int64_t k0 = b * dev::kGemmKBlock, k1 = k0 + dev::kGemmKBlock < a.dim ? k0 + dev::kGemmKBlock : a.dim;
+      part[b] = dev::swizzled_chain_dot(sw, sx, k0, k1);
+    }
+    __syncthreads();  // also: the next token's staging starts after every chain has read sx
+    if (threadIdx.x == 0) store_score(a, t, e, dev::ordered_sum(0.0f, part, blocks));
+  }
+}
+
+// Scores of every (token, expert): one warp per expert, many blocks per token.
+__global__ void router_scores_kernel(RouterArgs a) {
+  const int64_t t = blockIdx.y;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kRouterWarps + threadIdx.x / 32;
+  if (e >= a.n_experts) return;
+  const float* x = a.x + t * a.dim;
+  const float* w = a.gate_w + e * a.dim;
+  const float z = dev::warp_gemm_dot([&](int64_t k) { return w[k]; }, [&](int64_t k) { return x[k]; }, a.dim);
+  if ((threadIdx.x & 31) == 0) store_score(a, t, e, z);
+}
+
 // Selection of one token: one warp, top-k by repeated warp argmax (larger value first, NaN above
 // everything, lower id on ties), then the unbiased weights in selection order.
+// Lane l holds the biased and unbiased scores of experts l, l+32, ... in registers (loaded once,
+// all in flight) and a bit per expert it has already handed out; the winner's unbiased score
+// travels with it through the warp argmax.
+template <int kPerLane>
 __global__ void router_select_kernel(RouterArgs a) {
-  __shared__ unsigned char taken[kMaxExperts];
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x & 31;
   const float* score = a.scratch + t * 2 * a.n_experts;
   const float* biased = score + a.n_experts;
-  for (int64_t e = lane; e < a.n_experts; e += 32) taken[e] = 0;
-  __syncwarp();
+  float vals[kPerLane], svals[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t e = lane + 32 * j;
+    vals[j] = e < a.n_experts ? biased[e] : 0.0f;
+    svals[j] = e < a.n_experts ? score[e] : 0.0f;
+  }
+  uint32_t taken = 0;
   int sel[kMaxTopk];
+  float sel_score[kMaxTopk];
   for (int64_t i = 0; i < a.top_k; ++i) {
-    float best = 0.0f;
+    float best = 0.0f, best_s = 0.0f;
     int best_e = -1;
-    for (int64_t e = lane; e < a.n_experts; e += 32) {
-      if (taken[e]) continue;
-      const float v = biased[e];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int64_t e = lane + 32 * j;
+      if (e >= a.n_experts || ((taken >> j) & 1u)) continue;
+      const float v = vals[j];
       const bool better = best_e < 0 || (isnan(v) && !isnan(best)) || (!isnan(best) && v > best);
-      if (better) best = v, best_e = static_cast<int>(e);
+      if (better) best = v, best_e = static_cast<int>(e), best_s = svals[j];
     }
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(dev::kFull, best, o);
       const int oe = __shfl_xor_sync(dev::kFull, best_e, o);
+      const float os = __shfl_xor_sync(dev::kFull, best_s, o);
       bool take = false;
       if (oe >= 0) {
         if (best_e < 0) take = true;
@@ -63,17 +120,17 @@ __global__ void router_select_kernel(RouterArgs a) {
         else if (!isnan(ov) && ov != best) take = ov > best;
         else take = oe < best_e;
       }
-      if (take) best = ov, best_e = oe;
+      if (take) best = ov, best_e = oe, best_s = os;
     }
     sel[i] = best_e;
-    if (lane == 0 && best_e >= 0) taken[best_e] = 1;
-    __syncwarp();
+    sel_score[i] = best_e >= 0 ? best_s : 0.0f;
+    if (best_e >= 0 && (best_e & 31) == lane) taken |= 1u << (best_e >> 5);
   }
   if (lane != 0) return;
   float sum = 0.0f;
-  for (int64_t i = 0; i < a.top_k; ++i) sum = __fadd_rn(sum, sel[i] >= 0 ? score[sel[i]] : 0.0f);
+  for (int64_t i = 0; i < a.top_k; ++i) sum = __fadd_rn(sum, sel_score[i]);
   for (int64_t i = 0; i < a.top_k; ++i) {
-    float w = sel[i] >= 0 ? score[sel[i]] : 0.0f;
+    float w = sel_score[i];
     if (a.norm_topk && a.top_k > 1) w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
     w = __fmul_rn(w, a.route_scale);
     a.ids[t * a.top_k + i] = sel[i];
@@ -119,6 +176,41 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
   }
 }
 
+// Combine of token blockIdx.y, columns of block blockIdx.x: the slot order (distinct expert ids
+// >= 0 increasing, the first slot of each id, as the repeated minimum of moe_combine_kernel picks
+// them) is found once per block; each thread then adds its column's routed rows in that order.
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_ordered_kernel(MoeCombineArgs a) {
+  __shared__ int32_t ids[kMaxCombineTopk];
+  __shared__ int32_t order[kMaxCombineTopk];
+  const int64_t t = blockIdx.y, d = static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x;
+  const int tk = static_cast<int>(a.top_k);
+  for (int i = threadIdx.x; i < tk; i += kCombineThreads) ids[i] = a.ids[t * a.top_k + i];
+  __syncthreads();
+  int used = 0;
+  for (int i = threadIdx.x; i < tk; i += kCombineThreads) {
+    const int e = ids[i];
+    bool first = e >= 0;
+    for (int j = 0; j < i && first; ++j) first = ids[j] != e;
+    if (!first) continue;
+    ++used;
+    int pos = 0;  // distinct ids >= 0 below e
+    for (int j = 0; j < tk; ++j) {
+      const int o = ids[j];
+      if (o < 0 || o >= e) continue;
+      bool fo = true;
+      for (int q = 0; q < j && fo; ++q) fo = ids[q] != o;
+      pos += fo ? 1 : 0;
+    }
+    order[pos] = i;
+  }
+  const int count = __syncthreads_count(used);
+  if (d >= a.dim) return;
+  const float* routed = a.routed + t * a.top_k * a.dim + d;
+  float y = 0.0f;
+  for (int s = 0; s < count; ++s) y = __fadd_rn(y, routed[static_cast<int64_t>(order[s]) * a.dim]);
+  a.out[t * a.dim + d] = dev::bf16_round(__fadd_rn(y, a.shared[t * a.dim + d]));
+}
+
 unsigned elem_grid(int64_t total) {
   const int64_t b = (total + 255) / 256;
   return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
@@ -129,6 +221,16 @@ unsigned elem_grid(int64_t total) {
 namespace raw {
 cudaError_t router(const RouterArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
+  // decode-sized batches: one token per block (all in parallel); larger ones share each staged gate
+  // row between 8 tokens
+  const int64_t tokens_per_block = a.n <= 8 ? 1 : 8;
+  const size_t staged_smem =
+      static_cast<size_t>(2 * ((a.dim + 255) / 256 * 256) + (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock) * sizeof(float);
+  const bool staged = staged_smem <= kMaxStagedSmem;
+  if (staged) {
+    const cudaError_t e = allow_dynamic_smem<router_scores_staged_kernel>(staged_smem);
+    if (e != cudaSuccess) return e;
+  }
   // grid.y is limited to 65535 tokens: longer batches run in slices
   for (int64_t t0 = 0; t0 < a.n; t0 += 65535) {
     RouterArgs b = a;
@@ -137,11 +239,18 @@ cudaError_t router(const RouterArgs& a, cudaStream_t s) {
     b.ids = a.ids + t0 * a.top_k;
     b.weights = a.weights + t0 * a.top_k;
     b.scratch = a.scratch + t0 * 2 * a.n_experts;
-    const dim3 grid(static_cast<unsigned>((a.n_experts + kRouterWarps - 1) / kRouterWarps), static_cast<unsigned>(b.n));
-    router_scores_kernel<<<grid, kRouterWarps * 32, 0, s>>>(b);
+    if (staged) {
+      const dim3 grid(static_cast<unsigned>(a.n_experts), static_cast<unsigned>((b.n + tokens_per_block - 1) / tokens_per_block));
+      router_scores_staged_kernel<<<grid, kScoreThreads, staged_smem, s>>>(b, tokens_per_block);
+    } else {
+      const dim3 grid(static_cast<unsigned>((a.n_experts + kRouterWarps - 1) / kRouterWarps), static_cast<unsigned>(b.n));
+      router_scores_kernel<<<grid, kRouterWarps * 32, 0, s>>>(b);
+    }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    router_select_kernel<<<static_cast<unsigned>(b.n), 32, 0, s>>>(b);
+    if (a.n_experts <= 128) router_select_kernel<4><<<static_cast<unsigned>(b.n), 32, 0, s>>>(b);
+    else if (a.n_experts <= 512) router_select_kernel<16><<<static_cast<unsigned>(b.n), 32, 0, s>>>(b);
+    else router_select_kernel<kMaxExperts / 32><<<static_cast<unsigned>(b.n), 32, 0, s>>>(b);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -154,8 +263,23 @@ cudaError_t swiglu(const SwigluArgs& a, cudaStream_t s) {
 }
 cudaError_t moe_combine(const MoeCombineArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
-  moe_combine_kernel<<<elem_grid(a.n * a.dim), 256, 0, s>>>(a);
-  return cudaGetLastError();
+  if (a.top_k > kMaxCombineTopk) {
+    moe_combine_kernel<<<elem_grid(a.n * a.dim), 256, 0, s>>>(a);
+    return cudaGetLastError();
+  }
+  for (int64_t t0 = 0; t0 < a.n; t0 += 65535) {  // grid.y limit
+    MoeCombineArgs b = a;
+    b.n = a.n - t0 < 65535 ? a.n - t0 : 65535;
+    b.routed = a.routed + t0 * a.top_k * a.dim;
+    b.ids = a.ids + t0 * a.top_k;
+    b.shared = a.shared + t0 * a.dim;
+    b.out = a.out + t0 * a.dim;
+    const dim3 grid(static_cast<unsigned>((a.dim + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(b.n));
+    moe_combine_ordered_kernel<<<grid, kCombineThreads, 0, s>>>(b);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 }  // namespace raw
 

@@ -137,6 +137,49 @@ __device__ __forceinline__ float warp_max(float v) {
 // accumulator chain (ilp k, vector lane l) and walks it in the same cascade, so the result is the
 // identical fp32 value. `value(i)` yields element i (already rounded as the reference rounds it).
 // Every lane returns the total.
+// The shape of torch_sum_f32 over n values: vec_size vectors of 8 lanes, size_ilp of them per ilp
+// chain, level width 2^lp (step) of the fold cascade, and the number of full steps per chain.
+struct TorchSumShape {
+  int64_t vec_size, size_ilp, lp, step, groups;
+};
+__host__ __device__ inline TorchSumShape torch_sum_shape(int64_t n) {
+  constexpr int kLanes = 8, kIlp = 4, kLevels = 4;
+  TorchSumShape s;
+  s.vec_size = n / kLanes;
+  s.size_ilp = s.vec_size / kIlp;
+  int64_t c = 0;
+  if (s.size_ilp > 1) {
+    uint64_t y = static_cast<uint64_t>(s.size_ilp - 1);
+    while (y) ++c, y >>= 1;
+  }
+  s.lp = c / kLevels < 4 ? 4 : c / kLevels;
+  s.step = int64_t{1} << s.lp;
+  s.groups = s.size_ilp / s.step;
+  return s;
+}
+
+// The end of torch_sum_f32 for one warp whose lane k*8+l holds acc[0] of chain (k, l) after the
+// cascade: the leftover vectors, the ilp chains, the 8 vector lanes and the scalar tail, in the
+// reference's order. Every lane returns the total.
+template <class F>
+__device__ __forceinline__ float torch_sum_finish(F value, int64_t n, float acc0) {
+  constexpr int kLanes = 8, kIlp = 4;
+  const int lane = threadIdx.x & 31, k = lane / kLanes, l = lane % kLanes;
+  const int64_t vec_size = n / kLanes, size_ilp = vec_size / kIlp;
+  if (k == 0)
+    for (int64_t v = size_ilp * kIlp; v < vec_size; ++v) acc0 = __fadd_rn(acc0, value(v * kLanes + l));
+  // acc[0][0][l] += acc[0][k][l] for k = 1..3 in order
+  const float a1 = __shfl_sync(kFull, acc0, (lane + 8) & 31);
+  const float a2 = __shfl_sync(kFull, acc0, (lane + 16) & 31);
+  const float a3 = __shfl_sync(kFull, acc0, (lane + 24) & 31);
+  float lane_sum = __fadd_rn(__fadd_rn(__fadd_rn(acc0, a1), a2), a3);  // valid in lanes 0..7
+  float total = 0.0f;
+  for (int64_t t = vec_size * kLanes; t < n; ++t) total = __fadd_rn(total, value(t));
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) total = __fadd_rn(total, __shfl_sync(kFull, lane_sum, j));
+  return total;
+}
+
 template <class F>
 __device__ float warp_torch_sum(F value, int64_t n) {
   constexpr int kLanes = 8, kIlp = 4, kLevels = 4;
@@ -153,9 +196,19 @@ __device__ float warp_torch_sum(F value, int64_t n) {
   }
   const int64_t step = int64_t{1} << lp, mask = step - 1;
   float acc[kLevels] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // The chain is walked in batches of 16 (step is a multiple of 16: lp >= 4): the batch's values
+  // are fetched first, so their loads overlap, then added one by one in the same order.
+  constexpr int kBatch = 16;
+  auto add_batch = [&](int64_t i0) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = value(((i0 + u) * kIlp + k) * kLanes + l);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) acc[0] = __fadd_rn(acc[0], v[u]);
+  };
   int64_t i = 0;
   while (i + step <= size_ilp) {
-    for (int64_t j = 0; j < step; ++j, ++i) acc[0] = __fadd_rn(acc[0], value((i * kIlp + k) * kLanes + l));
+    for (int64_t j = 0; j < step; j += kBatch, i += kBatch) add_batch(i);
 #pragma unroll
     for (int lev = 1; lev < kLevels; ++lev) {
       acc[lev] = __fadd_rn(acc[lev], acc[lev - 1]);
@@ -163,21 +216,79 @@ __device__ float warp_torch_sum(F value, int64_t n) {
       if ((i & (mask << (lev * lp))) != 0) break;
     }
   }
+  for (; i + kBatch <= size_ilp; i += kBatch) add_batch(i);
   for (; i < size_ilp; ++i) acc[0] = __fadd_rn(acc[0], value((i * kIlp + k) * kLanes + l));
 #pragma unroll
   for (int lev = 1; lev < kLevels; ++lev) acc[0] = __fadd_rn(acc[0], acc[lev]);
-  if (k == 0)
-    for (int64_t v = size_ilp * kIlp; v < vec_size; ++v) acc[0] = __fadd_rn(acc[0], value(v * kLanes + l));
-  // acc[0][0][l] += acc[0][k][l] for k = 1..3 in order
-  const float a1 = __shfl_sync(kFull, acc[0], (lane + 8) & 31);
-  const float a2 = __shfl_sync(kFull, acc[0], (lane + 16) & 31);
-  const float a3 = __shfl_sync(kFull, acc[0], (lane + 24) & 31);
-  float lane_sum = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], a1), a2), a3);  // valid in lanes 0..7
-  float total = 0.0f;
-  for (int64_t t = vec_size * kLanes; t < n; ++t) total = __fadd_rn(total, value(t));
+  return torch_sum_finish(value, n, acc[0]);
+}
+
+// torch_sum_f32 split over several warps. In warp_torch_sum every full step of a chain is summed
+// from zero (acc[0] is reset when it is folded into acc[1]), and so is the chain's tail, so those
+// partial sums can be formed by different warps at once; one warp then replays the fold cascade
+// over them and the final combination. The result is bit-identical to warp_torch_sum.
+// Scratch: torch_sum_scratch_floats(n) floats of shared memory (n/16 and a little).
+__host__ __device__ inline int64_t torch_sum_scratch_floats(int64_t n) { return 32 * (torch_sum_shape(n).groups + 1); }
+
+// Warp w of nw: the partial sums of steps w, w+nw, ... (step `groups` = the tail) of all 32 chains
+// (lane = chain), into scratch[step*32 + lane].
+template <class F>
+__device__ void torch_sum_partials(F value, int64_t n, int w, int nw, float* scratch) {
+  const TorchSumShape s = torch_sum_shape(n);
+  const int lane = threadIdx.x & 31;
+  for (int64_t g = w; g <= s.groups; g += nw) {
+    const int64_t i0 = g * s.step, i1 = i0 + s.step < s.size_ilp ? i0 + s.step : s.size_ilp;
+    float acc = 0.0f;
+    int64_t i = i0;
+    for (; i + 16 <= i1; i += 16) {
+      float v[16];
 #pragma unroll
-  for (int j = 0; j < kLanes; ++j) total = __fadd_rn(total, __shfl_sync(kFull, lane_sum, j));
-  return total;
+      for (int u = 0; u < 16; ++u) v[u] = value((i + u) * 32 + lane);  // chain element i: (i*4 + k)*8 + l
+#pragma unroll
+      for (int u = 0; u < 16; ++u) acc = __fadd_rn(acc, v[u]);
+    }
+    for (; i < i1; ++i) acc = __fadd_rn(acc, value(i * 32 + lane));
+    scratch[g * 32 + lane] = acc;
+  }
+}
+
+// One warp, after the partials are visible: the cascade and the end. Every lane returns the total.
+template <class F>
+__device__ float torch_sum_cascade(F value, int64_t n, const float* scratch) {
+  const TorchSumShape s = torch_sum_shape(n);
+  const int lane = threadIdx.x & 31;
+  const int64_t mask = s.step - 1;
+  float acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
+  for (int64_t g = 0; g < s.groups; ++g) {
+    const int64_t i = (g + 1) * s.step;  // the chain position after step g
+    acc1 = __fadd_rn(acc1, scratch[g * 32 + lane]);
+    if ((i & (mask << s.lp)) != 0) continue;
+    acc2 = __fadd_rn(acc2, acc1);
+    acc1 = 0.0f;
+    if ((i & (mask << (2 * s.lp))) != 0) continue;
+    acc3 = __fadd_rn(acc3, acc2);
+    acc2 = 0.0f;
+  }
+  float acc0 = scratch[s.groups * 32 + lane];  // the tail's partial (zero when there is none)
+  acc0 = __fadd_rn(acc0, acc1);
+  acc0 = __fadd_rn(acc0, acc2);
+  acc0 = __fadd_rn(acc0, acc3);
+  return torch_sum_finish(value, n, acc0);
+}
+
+// torch_sum_f32 by the whole block (blockDim.x a multiple of 32): every thread calls it and gets
+// the total. scratch: torch_sum_scratch_floats(n) floats, result: one float, both shared memory.
+template <class F>
+__device__ float block_torch_sum(F value, int64_t n, float* scratch, float* result) {
+  const int warp = threadIdx.x / 32;
+  torch_sum_partials(value, n, warp, static_cast<int>(blockDim.x / 32), scratch);
+  __syncthreads();
+  if (warp == 0) {
+    const float t = torch_sum_cascade(value, n, scratch);
+    if (threadIdx.x == 0) *result = t;
+  }
+  __syncthreads();
+  return *result;
 }
 
 // gemm_dot_f32 (dot.h) for one 256-wide K block: the sequential fma chain from zero.
@@ -208,4 +319,169 @@ __device__ float warp_gemm_dot(A a, B b, int64_t n) {
   return total;
 }
 
+// ---- staging rows in shared memory --------------------------------------------------------------
+// A serial chain that fetches one global value per step waits a memory latency per step; the
+// latency-bound kernels therefore copy their rows into shared memory with the whole block first
+// (coalesced, several 16-byte loads in flight per thread) and run the same chains from there.
+
+// dst[c][i] = src[c][i] for i < n and each of the C rows, by all threads of the block. 16-byte
+// accesses when every pointer is 16-byte aligned (the tail and unaligned rows go element by
+// element). The caller synchronises the block afterwards.
+template <int C>
+__device__ __forceinline__ void block_stage(float* const (&dst)[C], const float* const (&src)[C], int64_t n) {
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
+  uintptr_t bits = 0;
+#pragma unroll
+  for (int c = 0; c < C; ++c) bits |= reinterpret_cast<uintptr_t>(dst[c]) | reinterpret_cast<uintptr_t>(src[c]);
+  constexpr int kBatch = C <= 2 ? 8 : 4;
+  int64_t done = 0;
+  if ((bits & 15) == 0) {
+    const int64_t n4 = n >> 2;
+    for (int64_t base = tid; base < n4; base += kBatch * nt) {
+      float4 r[C][kBatch];
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+          if (base + u * nt < n4) r[c][u] = reinterpret_cast<const float4*>(src[c])[base + u * nt];
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+          if (base + u * nt < n4) reinterpret_cast<float4*>(dst[c])[base + u * nt] = r[c][u];
+    }
+    done = n4 << 2;
+  }
+  for (int64_t base = done + tid; base < n; base += kBatch * nt) {
+    float r[C][kBatch];
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (base + u * nt < n) r[c][u] = src[c][base + u * nt];
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (base + u * nt < n) dst[c][base + u * nt] = r[c][u];
+  }
+}
+
+// Shared-memory layout for rows that many threads read as parallel 256-long K blocks (dot_block
+// chains, thread s walking block s): element i of block s = i/256 sits in 16-byte chunk
+// ((i/4) % 64) ^ (s % 8) of that block's 1 KB. The 8 threads of a quarter warp reading blocks
+// s..s+7 at the same offset as float4 then hit 8 different bank groups, and a staged copy of
+// consecutive chunks stays conflict-free. A row of n values takes chain_rows_size(n) floats.
+__device__ __forceinline__ int64_t chain_swizzle(int64_t i) {
+  const int64_t s = i >> 8;
+  return (s << 8) + (((((i >> 2) & 63) ^ (s & 7))) << 2) + (i & 3);
+}
+__device__ __forceinline__ int64_t chain_rows_size(int64_t n) { return (n + 255) / 256 * 256; }
+
+// block_stage into the chain_swizzle layout (dst rows hold chain_rows_size(n) floats).
+template <int C>
+__device__ __forceinline__ void block_stage_swizzled(float* const (&dst)[C], const float* const (&src)[C], int64_t n) {
+  const int64_t tid = threadIdx.x, nt = blockDim.x;
+  uintptr_t bits = 0;
+#pragma unroll
+  for (int c = 0; c < C; ++c) bits |= reinterpret_cast<uintptr_t>(dst[c]) | reinterpret_cast<uintptr_t>(src[c]);
+  constexpr int kBatch = C <= 2 ? 8 : 4;
+  int64_t done = 0;
+  if ((bits & 15) == 0) {
+    const int64_t n4 = n >> 2;
+    for (int64_t base = tid; base < n4; base += kBatch * nt) {
+      float4 r[C][kBatch];
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+          if (base + u * nt < n4) r[c][u] = reinterpret_cast<const float4*>(src[c])[base + u * nt];
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+          if (base + u * nt < n4) *reinterpret_cast<float4*>(dst[c] + chain_swizzle((base + u * nt) << 2)) = r[c][u];
+    }
+    done = n4 << 2;
+  }
+  for (int64_t base = done + tid; base < n; base += kBatch * nt) {
+    float r[C][kBatch];
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (base + u * nt < n) r[c][u] = src[c][base + u * nt];
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (base + u * nt < n) dst[c][chain_swizzle(base + u * nt)] = r[c][u];
+  }
+}
+
+// dot_block over elements [k0, k1) of two rows in the chain_swizzle layout: the same sequential
+// fma chain from zero, a*b in element order; k0 must be a multiple of 4.
+__device__ __forceinline__ float swizzled_chain_dot(const float* a, const float* b, int64_t k0, int64_t k1) {
+  float acc = 0.0f;
+  int64_t j = k0;
+#pragma unroll 4
+  for (; j + 4 <= k1; j += 4) {
+    const int64_t p = chain_swizzle(j);
+    const float4 x = *reinterpret_cast<const float4*>(a + p), y = *reinterpret_cast<const float4*>(b + p);
+    acc = fmaf(x.x, y.x, acc);
+    acc = fmaf(x.y, y.y, acc);
+    acc = fmaf(x.z, y.z, acc);
+    acc = fmaf(x.w, y.w, acc);
+  }
+  for (; j < k1; ++j) acc = fmaf(a[chain_swizzle(j)], b[chain_swizzle(j)], acc);
+  return acc;
+}
+
+// Adds v[0..n) one by one in index order onto `total` (values in shared memory, fetched in
+// batches so the loads overlap).
+__device__ __forceinline__ float ordered_sum(float total, const float* v, int64_t n) {
+  constexpr int kBatch = 16;
+  int64_t i = 0;
+  for (; i + kBatch <= n; i += kBatch) {
+    float r[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) r[u] = v[i + u];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) total = __fadd_rn(total, r[u]);
+  }
+  for (; i < n; ++i) total = __fadd_rn(total, v[i]);
+  return total;
+}
+
 }  // namespace dsv41::ops::gpu::dev
+
+namespace dsv41::ops::gpu {
+
+// Raises a kernel's dynamic shared-memory limit to `bytes` (near or above the default 48 KB, which
+// bounds static and dynamic shared memory together). The limit
+// is a function attribute, not a stream operation; it is set once per device and size. Should the
+// first launch be inside a graph capture, the call is made in the relaxed capture mode for this
+// thread (it enqueues nothing, so the capture stays valid).
+template <auto Kernel>
+inline cudaError_t allow_dynamic_smem(size_t bytes) {
+  if (bytes <= 32 * 1024) return cudaSuccess;  // the default 48 KB covers it with the static part
+  static size_t configured[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev >= 0 && dev < 64 && configured[dev] >= bytes) return cudaSuccess;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  e = cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  const cudaError_t restore = cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e == cudaSuccess) e = restore;
+  if (e == cudaSuccess && dev >= 0 && dev < 64) configured[dev] = bytes;
+  return e;
+}
+
+// Largest dynamic shared memory the staged (latency) kernels ask for; rows that need more take the
+// kernels' unstaged forms.
+inline constexpr size_t kMaxStagedSmem = 200 * 1024;
+
+}  // namespace dsv41::ops::gpu

@@ -348,10 +348,19 @@ cudaError_t moe_combine(const MoeCombineArgs& a, cudaStream_t s);
 cudaError_t engram_dequant(const EngramDequantArgs& a, cudaStream_t s);
 cudaError_t engram_gate(const EngramGateArgs& a, cudaStream_t s);
 cudaError_t indexer_scores(const IndexerArgs& a, cudaStream_t s);
+// The two indexer kernels indexer_scores picks from (exposed for tests and benchmarks): tiled
+// (cudaErrorNotSupported, nothing launched, for shapes it does not take) and one warp per entry.
+cudaError_t indexer_scores_tiled(const IndexerArgs& a, cudaStream_t s);
+cudaError_t indexer_scores_warp(const IndexerArgs& a, cudaStream_t s);
 cudaError_t topk_sorted(const TopkArgs& a, cudaStream_t s);
 cudaError_t candidate_blocks(const CandidateArgs& a, cudaStream_t s);
 cudaError_t candidate_mask(const CandidateMaskArgs& a, cudaStream_t s);
 cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s);
+// The two kernels sparse_attention picks from by shape (exposed for tests and benchmarks): rows =
+// one block per query and head group; split = one cluster of blocks per query and head group
+// (cudaErrorNotSupported, nothing launched, where the device or the shape does not allow it).
+cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s);
+cudaError_t sparse_attention_split(const SparseAttnArgs& a, cudaStream_t s);
 cudaError_t compress_pool(const CompressPoolArgs& a, cudaStream_t s);
 cudaError_t store_bf16(const StoreBf16Args& a, cudaStream_t s);
 }  // namespace raw

@@ -4,7 +4,10 @@
 // dot.h fma chains (one thread per 256-wide half), online max, fp32 probabilities summed in the
 // reference's torch_sum order, bf16 probabilities in PV summed in list order, acc·c + pv, sink in
 // the denominator after the loop. Decode uses 1 head per block (more blocks for one query),
-// prefill several (fewer re-reads of the staged rows).
+// prefill several (fewer re-reads of the staged rows). Few queries (decode) take the split kernel
+// of sparse_attn_split.cuh instead: same arithmetic, spread over a cluster of blocks.
+#include <cooperative_groups.h>
+
 #include <cmath>
 
 #include "ops/ops_common.cuh"
@@ -157,10 +160,312 @@ __global__ void sparse_attn_kernel(SparseAttnArgs a, int hpb) {
   }
 }
 
+
+// ---- split kernel (few queries) ------------------------------------------------------------------
+// The reference's running max after chunk c is max(-1e30, every score of chunks 0..c) (max is
+// exact and ignores NaN both there and here), so once all scores exist every chunk's m, c = exp(m'
+// - m), probabilities, psum and PV are independent; only the l and acc recurrences run over the
+// chunks in order, and those are short (one step per 64 entries). A cluster of kCluster blocks
+// serves one query and kSplitHeads heads: block r stages its 1/kCluster of the rows in shared
+// memory (coalesced asynchronous copies), scores them (the dot.h chains), pushes the scores into
+// every block's shared memory, then all blocks derive the per-chunk softmax terms, and block r runs
+// the PV chains (list order inside a chunk) for its 1/kCluster of the d lanes, read from a slice of
+// every row staged while the scores were exchanged, then the acc·c + pv recurrence and the final
+// division.
+constexpr int kCluster = 8;
+constexpr int kSplitHeads = 4;
+constexpr int kSplitThreads = 512;
+constexpr int kSplitWarps = kSplitThreads / 32;
+constexpr int64_t kSplitMaxList = 1024;
+constexpr int64_t kSplitMaxQueries = 32;
+
+struct SplitLayout {
+  int64_t n, nc, rows, ks, nblk;  // entries, chunks, rows scored per block, d lanes per block, K blocks
+  int64_t srow;  // staged score row stride (bf16 values): d + 8 keeps 16-byte rows on distinct banks
+  size_t rowptr, q, s, pb, part, pvs, cc, psum, mlast, l, pscr, stage, total;  // byte offsets
+};
+
+__host__ __device__ inline SplitLayout split_layout(int64_t n, int64_t d) {
+  SplitLayout L;
+  L.n = n;
+  L.nc = (n + kChunk - 1) / kChunk;
+  L.rows = (n + kCluster - 1) / kCluster;
+  L.ks = 2 * ((d + 2 * kCluster - 1) / (2 * kCluster));
+  L.nblk = (d + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
+  size_t o = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = o;
+    o += (bytes + 15) / 16 * 16;
+    return at;
+  };
+  L.rowptr = take(static_cast<size_t>(n) * sizeof(void*));
+  L.q = take(static_cast<size_t>(kSplitHeads * d) * 4);
+  L.s = take(static_cast<size_t>(kSplitHeads * n) * 4);
+  L.pb = take(static_cast<size_t>(n * kSplitHeads) * 4);
+  L.part = take(static_cast<size_t>(kSplitHeads * L.rows * 2) * 4);
+  L.pvs = take(static_cast<size_t>(L.nc * kSplitHeads * L.ks) * 4);
+  L.cc = take(static_cast<size_t>(kSplitHeads * L.nc) * 4);
+  L.psum = take(static_cast<size_t>(kSplitHeads * L.nc) * 4);
+  L.mlast = take(kSplitHeads * 4);
+  L.l = take(kSplitHeads * 4);
+  L.pscr = take(static_cast<size_t>(kSplitWarps * kChunk) * 4);
+  // Staging: first the block's score rows [R][srow], then (same space) its PV lane slice of every
+  // row [n][ks].
+  L.srow = d + 8;
+  const size_t score_rows = static_cast<size_t>(L.rows * L.srow) * 2, pv_slice = static_cast<size_t>(n * L.ks) * 2;
+  L.stage = take(score_rows > pv_slice ? score_rows : pv_slice);
+  L.total = o;
+  return L;
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+// Asynchronous global -> shared copies (no register round trip, many in flight per thread).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+__global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(SparseAttnArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char raw_smem[];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  // Remote blocks must be running before their shared memory is written: arrive now, wait before
+  // the first remote store.
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+  const int64_t d = a.d;
+  const SplitLayout L = split_layout(a.list_len, d);
+  const int64_t n = L.n, nc = L.nc, R = L.rows, ks = L.ks;
+  const uint16_t** rowptr = reinterpret_cast<const uint16_t**>(raw_smem + L.rowptr);
+  float* q = reinterpret_cast<float*>(raw_smem + L.q);
+  float* sc = reinterpret_cast<float*>(raw_smem + L.s);
+  float* pbuf = reinterpret_cast<float*>(raw_smem + L.pb);
+  float* part = reinterpret_cast<float*>(raw_smem + L.part);
+  float* pvs = reinterpret_cast<float*>(raw_smem + L.pvs);
+  float* ccs = reinterpret_cast<float*>(raw_smem + L.cc);
+  float* psums = reinterpret_cast<float*>(raw_smem + L.psum);
+  float* mlast = reinterpret_cast<float*>(raw_smem + L.mlast);
+  float* lden = reinterpret_cast<float*>(raw_smem + L.l);
+  float* pscr = reinterpret_cast<float*>(raw_smem + L.pscr);
+  uint16_t* stage = reinterpret_cast<uint16_t*>(raw_smem + L.stage);
+  const int d32 = static_cast<int>(d), n32 = static_cast<int>(n), R32 = static_cast<int>(R), ks32 = static_cast<int>(ks);
+
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t t = blockIdx.z, h0 = static_cast<int64_t>(blockIdx.y) * kSplitHeads;
+  const int nh = static_cast<int>(a.heads - h0 < kSplitHeads ? a.heads - h0 : kSplitHeads);
+
+  const int32_t* list = a.list + t * a.list_len;
+  const uint16_t* pool_a = a.pool_a[t];
+  const uint16_t* pool_b = a.pool_b ? a.pool_b[t] : nullptr;
+  for (int64_t j = tid; j < n; j += kSplitThreads) {
+    const int32_t e = list[j];
+    const uint16_t* r = nullptr;
+    if (e >= 0 && e < a.split) r = pool_a ? pool_a + static_cast<int64_t>(e) * d : nullptr;
+    else if (e >= a.split) r = pool_b ? pool_b + static_cast<int64_t>(e - a.split) * d : nullptr;
+    rowptr[j] = r;
+  }
+  __syncthreads();
+  // Stage this block's score rows (coalesced 16-byte copies); skipped entries stay unread.
+  {
+    const int vpr = d32 / 8, total = R32 * vpr;
+    for (int v = tid; v < total; v += kSplitThreads) {
+      const int jj = v / vpr, vv = v % vpr, j = rank * R32 + jj;
+      if (j >= n32) break;  // v grows with j
+      const uint16_t* row = rowptr[j];
+      if (row) cp_async16(stage + jj * L.srow + vv * 8, row + vv * 8);
+    }
+  }
+  {
+    const float4* q4 = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0) * d);
+    float4* s4 = reinterpret_cast<float4*>(q);
+    const int total = kSplitHeads * d32 / 4, valid = nh * d32 / 4;
+    for (int i = tid; i < total; i += kSplitThreads) s4[i] = i < valid ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  for (int i = tid; i < n32 * kSplitHeads; i += kSplitThreads) pbuf[i] = 0.0f;
+  cp_async_wait_all();
+  __syncthreads();
+
+  // ---- scores of rows [rank·R, rank·R + R): one thread per (head pair, K block, row), two
+  // dot.h chains (one per head) sharing each loaded row vector.
+  {
+    const int64_t tasks = R * L.nblk * (kSplitHeads / 2);
+    for (int64_t task = tid; task < tasks; task += kSplitThreads) {
+      const int64_t jj = task % R, rest = task / R, b = rest % L.nblk, hp = rest / L.nblk;
+      const int64_t j = rank * R + jj;
+      if (j >= n || 2 * hp >= nh) continue;
+      if (!rowptr[j]) continue;
+      const uint16_t* row = stage + jj * L.srow;
+      const int64_t k0 = b * dev::kGemmKBlock, k1 = k0 + dev::kGemmKBlock < d ? k0 + dev::kGemmKBlock : d;
+      const float* qa = q + 2 * hp * d;
+      const float* qb = qa + d;
+      float acc0 = 0.0f, acc1 = 0.0f;
+      for (int64_t k = k0; k < k1; k += 32) {
+        uint4 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (k + 8 * i < k1) v[i] = *reinterpret_cast<const uint4*>(row + k + 8 * i);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (k + 8 * i >= k1) break;
+          const int64_t kk = k + 8 * i;
+          const float4 a0 = *reinterpret_cast<const float4*>(qa + kk), a1 = *reinterpret_cast<const float4*>(qa + kk + 4);
+          const float4 b0 = *reinterpret_cast<const float4*>(qb + kk), b1 = *reinterpret_cast<const float4*>(qb + kk + 4);
+          const float xa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+          const float xb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+          const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float x0 = bf16_lo(w[e]), x1 = bf16_hi(w[e]);
+            acc0 = fmaf(xa[2 * e], x0, acc0);
+            acc1 = fmaf(xb[2 * e], x0, acc1);
+            acc0 = fmaf(xa[2 * e + 1], x1, acc0);
+            acc1 = fmaf(xb[2 * e + 1], x1, acc1);
+          }
+        }
+      }
+      part[((2 * hp) * R + jj) * 2 + b] = acc0;
+      part[((2 * hp + 1) * R + jj) * 2 + b] = acc1;
+    }
+  }
+  __syncthreads();
+  // The score rows are consumed: stage this block's PV lane slice of every row in the same space
+  // (in flight during the score exchange and the softmax terms).
+  const int64_t kbase = rank * ks, pairs = ks / 2;
+  {
+    const int kb32 = static_cast<int>(kbase);
+    const int width = (d32 - kb32 < ks32 ? d32 - kb32 : ks32);  // lanes of this slice inside d
+    if (width > 0) {
+      if (ks32 % 8 == 0) {  // 16-byte pieces (kbase is then a multiple of 8 as well)
+        const int vpr = width / 8;
+        for (int v = tid; v < n32 * vpr; v += kSplitThreads) {
+          const int j = v / vpr, vv = v % vpr;
+          const uint16_t* row = rowptr[j];
+          if (row) cp_async16(stage + j * ks32 + vv * 8, row + kb32 + vv * 8);
+        }
+      } else {  // 4-byte pieces (lane pairs)
+        const int vpr = width / 2;
+        for (int v = tid; v < n32 * vpr; v += kSplitThreads) {
+          const int j = v / vpr, vv = v % vpr;
+          const uint16_t* row = rowptr[j];
+          if (row) cp_async4(stage + j * ks32 + vv * 2, row + kb32 + vv * 2);
+        }
+      }
+    }
+  }
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+  // gemm_dot_f32's total (0 + block 0 + block 1), times the scale; -inf for a skipped entry. Every
+  // block of the cluster gets the score.
+  for (int64_t task = tid; task < kSplitHeads * R; task += kSplitThreads) {
+    const int64_t h = task / R, jj = task % R, j = rank * R + jj;
+    if (j >= n) continue;
+    float sv = -INFINITY;
+    if (h < nh && rowptr[j]) {
+      float tot = __fadd_rn(0.0f, part[(h * R + jj) * 2]);
+      if (L.nblk > 1) tot = __fadd_rn(tot, part[(h * R + jj) * 2 + 1]);
+      sv = __fmul_rn(tot, a.scale);
+    }
+#pragma unroll
+    for (int r = 0; r < kCluster; ++r) cluster.map_shared_rank(sc, r)[h * n + j] = sv;
+  }
+  cluster.sync();
+
+  // ---- per (head, chunk): running max before and after the chunk, c, probabilities, psum.
+  for (int64_t task = warp; task < nh * nc; task += kSplitWarps) {
+    const int64_t h = task / nc, c = task % nc, c0 = c * kChunk;
+    const int cn = static_cast<int>(n - c0 < kChunk ? n - c0 : kChunk);
+    const float* sh = sc + h * n;
+    float before = -INFINITY, within = -INFINITY;
+    for (int64_t j = lane; j < c0; j += 32) before = fmaxf(before, sh[j]);
+    for (int j = lane; j < cn; j += 32) within = fmaxf(within, sh[c0 + j]);
+    before = dev::warp_max(before);
+    within = dev::warp_max(within);
+    const float m = -1e30f < before ? before : -1e30f;
+    const float m_new = m < within ? within : m;
+    const float cval = dev::exp_ref(__fsub_rn(m, m_new));
+    float* ps = pscr + warp * kChunk;
+    for (int j = lane; j < cn; j += 32) {
+      const float pj = dev::exp_ref(__fsub_rn(sh[c0 + j], m_new));
+      ps[j] = pj;
+      pbuf[(c0 + j) * kSplitHeads + h] = dev::bf16_round(pj);
+    }
+    __syncwarp();
+    const float psum = dev::warp_torch_sum([&](int64_t i) { return ps[i]; }, cn);
+    if (lane == 0) {
+      ccs[h * nc + c] = cval;
+      psums[h * nc + c] = psum;
+      if (c == nc - 1) mlast[h] = m_new;
+    }
+    __syncwarp();
+  }
+  __syncthreads();
+  if (tid < nh) {
+    float l = 0.0f;
+    for (int64_t c = 0; c < nc; ++c) l = __fadd_rn(__fmul_rn(l, ccs[tid * nc + c]), psums[tid * nc + c]);
+    const float m = nc > 0 ? mlast[tid] : -1e30f;
+    lden[tid] = __fadd_rn(l, dev::exp_ref(__fsub_rn(a.sink[h0 + tid], m)));
+  }
+
+  cp_async_wait_all();
+  __syncthreads();
+  // ---- PV of each chunk for this block's d lanes [rank·ks, rank·ks + ks): one thread per (chunk,
+  // lane pair), all heads; rows in list order, skipped entries skipped.
+  for (int64_t task = tid; task < nc * pairs; task += kSplitThreads) {
+    const int64_t c = task / pairs, k = kbase + 2 * (task % pairs), c0 = c * kChunk;
+    if (k >= d) continue;
+    const int cn = static_cast<int>(n - c0 < kChunk ? n - c0 : kChunk);
+    float pv[kSplitHeads][2];
+#pragma unroll
+    for (int h = 0; h < kSplitHeads; ++h) pv[h][0] = pv[h][1] = 0.0f;
+    const uint16_t* lanes = stage + (k - kbase);
+    for (int j0 = 0; j0 < cn; j0 += 8) {
+      uint32_t v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        v[i] = j0 + i < cn ? *reinterpret_cast<const uint32_t*>(lanes + (c0 + j0 + i) * ks) : 0u;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (j0 + i >= cn) break;
+        if (!rowptr[c0 + j0 + i]) continue;
+        const float4 p4 = *reinterpret_cast<const float4*>(pbuf + (c0 + j0 + i) * kSplitHeads);
+        const float pbh[4] = {p4.x, p4.y, p4.z, p4.w};
+        const float x0 = bf16_lo(v[i]), x1 = bf16_hi(v[i]);
+#pragma unroll
+        for (int h = 0; h < kSplitHeads; ++h) {
+          pv[h][0] = __fadd_rn(pv[h][0], __fmul_rn(pbh[h], x0));
+          pv[h][1] = __fadd_rn(pv[h][1], __fmul_rn(pbh[h], x1));
+        }
+      }
+    }
+    const int64_t kk = k - kbase;
+#pragma unroll
+    for (int h = 0; h < kSplitHeads; ++h) {
+      pvs[(c * kSplitHeads + h) * ks + kk] = pv[h][0];
+      pvs[(c * kSplitHeads + h) * ks + kk + 1] = pv[h][1];
+    }
+  }
+  __syncthreads();
+  // ---- acc = acc·c + pv over the chunks in order; out = bf16(acc / l).
+  for (int64_t task = tid; task < nh * ks; task += kSplitThreads) {
+    const int64_t h = task / ks, kk = task % ks, k = kbase + kk;
+    if (k >= d) continue;
+    float acc = 0.0f;
+    for (int64_t c = 0; c < nc; ++c) acc = __fadd_rn(__fmul_rn(acc, ccs[h * nc + c]), pvs[(c * kSplitHeads + h) * ks + kk]);
+    a.out[(t * a.heads + h0 + h) * d + k] = dev::bf16_round(__fdiv_rn(acc, lden[h]));
+  }
+#endif
+}
+
 }  // namespace
 
 namespace raw {
-cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s) {
+cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s) {
   if (a.n_q == 0) return cudaSuccess;
   // The shared-memory opt-in is a function attribute, not a stream operation: raise it once to the
   // largest layout the validated callers use (d <= 512, 4 heads per block), so launches inside a
@@ -179,6 +484,58 @@ cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaS
   const dim3 grid(static_cast<unsigned>(a.n_q), static_cast<unsigned>((a.heads + heads_per_block - 1) / heads_per_block));
   sparse_attn_kernel<<<grid, kThreads, smem, s>>>(a, heads_per_block);
   return cudaGetLastError();
+}
+
+cudaError_t sparse_attention_split(const SparseAttnArgs& a, cudaStream_t s) {
+  if (a.n_q == 0) return cudaSuccess;
+  if (a.list_len < 1 || a.list_len > kSplitMaxList || a.d > 512 || a.d % 8 != 0 || a.n_q > 65535 ||
+      (a.heads + kSplitHeads - 1) / kSplitHeads > 65535 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0)
+    return cudaErrorNotSupported;
+  static int cluster_ok[64] = {};  // per device: 0 unknown, 1 yes, -1 no
+  static int configured[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= 64) return cudaErrorNotSupported;
+  if (cluster_ok[dev] == 0) {
+    int v = 0;
+    e = cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev);
+    if (e != cudaSuccess) return e;
+    cluster_ok[dev] = v ? 1 : -1;
+  }
+  if (cluster_ok[dev] < 0) return cudaErrorNotSupported;
+  // As for the rows kernel: the opt-in is raised once to the largest supported layout, outside any
+  // graph capture in practice (the first launch).
+  const size_t smem = split_layout(a.list_len, a.d).total;
+  const int want = static_cast<int>(split_layout(kSplitMaxList, 512).total);
+  if (configured[dev] < want) {
+    e = cudaFuncSetAttribute(sparse_attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, want);
+    if (e != cudaSuccess) return e;
+    configured[dev] = want;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(kCluster, static_cast<unsigned>((a.heads + kSplitHeads - 1) / kSplitHeads), static_cast<unsigned>(a.n_q));
+  cfg.blockDim = dim3(kSplitThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, sparse_attn_split_kernel, a);
+}
+
+// Few queries: the split kernel (the rows kernel would leave most of the GPU idle); many queries:
+// the rows kernel with `heads_per_block` heads per block.
+cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s) {
+  if (a.n_q > 0 && a.n_q <= kSplitMaxQueries) {
+    const cudaError_t e = sparse_attention_split(a, s);
+    if (e != cudaErrorNotSupported) return e;
+  }
+  return sparse_attention_rows(a, heads_per_block, s);
 }
 }  // namespace raw
 

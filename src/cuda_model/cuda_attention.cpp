@@ -16,6 +16,26 @@
 namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
 
+gpu::CompressorWeights Impl::compressor_weights(const GpuBlock& b) const {
+  const ModelConfig& c = cfg;
+  gpu::CompressorWeights w;
+  w.wkv = b.c_wkv.get();
+  w.wkv_type = b.c_wkv_type;
+  w.wgate = b.c_wgate.as<float>();
+  w.norm = b.c_norm.as<float>();
+  w.i_wk = b.has_index_keys ? b.i_wk.get() : nullptr;
+  w.i_wk_type = b.i_wk_type;
+  w.i_k_norm = b.has_index_keys ? b.i_k_norm.as<float>() : nullptr;
+  w.dim = c.hidden_size;
+  w.hd = c.head_dim;
+  w.ihd = c.index_head_dim;
+  w.ratio = b.ratio;
+  w.rope_dim = c.qk_rope_head_dim;
+  w.freqs = b.freqs.as<float>();
+  w.eps = static_cast<float>(c.rms_norm_eps);
+  return w;
+}
+
 void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, start = p.start, end = start + n, L = b.layer;
@@ -67,21 +87,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   if (ratio > 0) {
     if (b.has_compressor) {
       GpuKvSource& ks = st.kv[static_cast<size_t>(L)];
-      gpu::CompressorWeights w;
-      w.wkv = b.c_wkv.get();
-      w.wkv_type = b.c_wkv_type;
-      w.wgate = b.c_wgate.as<float>();
-      w.norm = b.c_norm.as<float>();
-      w.i_wk = b.has_index_keys ? b.i_wk.get() : nullptr;
-      w.i_wk_type = b.i_wk_type;
-      w.i_k_norm = b.has_index_keys ? b.i_k_norm.as<float>() : nullptr;
-      w.dim = dim;
-      w.hd = hd;
-      w.ihd = c.index_head_dim;
-      w.ratio = ratio;
-      w.rope_dim = rd;
-      w.freqs = freqs;
-      w.eps = eps;
+      gpu::CompressorWeights w = compressor_weights(b);
       gpu::CompressorState cs;
       cs.carry_kv = ks.carry_kv.as<float>();
       cs.carry_score = ks.carry_score.as<float>();

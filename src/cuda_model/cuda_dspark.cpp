@@ -129,14 +129,17 @@ void dspark_capture_tap(Impl& m, int64_t layer, int64_t n) {
   }
 }
 
-void dspark_feed_rings(Impl& m, CudaSeqState& st, const Pass& p) {
+namespace {
+
+// The DSpark ring rows of `rows` captured tap rows from tap row t0, at positions pos0 + r (or
+// positions[r], a device array, when set): main_proj, main_norm, then per stage wkv, kv_norm,
+// RoPE, QDQ8 into d.ring_kv; store(stage, kv) writes the stage's rows into the rings.
+template <class Store>
+void ring_rows(Impl& m, int64_t t0, int64_t rows, int64_t pos0, const int64_t* positions, Store&& store) {
   const ModelConfig& c = m.cfg;
   DsparkModel& d = *m.dspark;
-  const int64_t dim = c.hidden_size, hd = c.head_dim, win = c.sliding_window, rd = c.qk_rope_head_dim;
+  const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  DSV_ASSERT(st.dspark.ring.size() == d.stages.size(), "sequence state without DSpark rings");
-  // Only the last `win` positions survive in the rings.
-  const int64_t t0 = std::max<int64_t>(0, p.n - win), rows = p.n - t0;
   float* mx = d.main_x.as<float>();
   float* kv = d.ring_kv.as<float>();
   m.linear(d.main_proj, d.taps.as<float>() + t0 * d.n_taps * dim, d.n_taps * dim, rows, mx, dim, true);
@@ -155,10 +158,25 @@ void dspark_feed_rings(Impl& m, CudaSeqState& st, const Pass& p) {
     r.row_stride = hd;
     r.freqs = b.freqs.as<float>();
     r.rope_dim = rd;
-    r.pos0 = p.start + t0;
+    r.pos0 = pos0;
+    r.positions = positions;
     gpu::rope(r, m.stream);
     gpu::QdqArgs q8{kv, rows, hd, hd, gpu::QdqKind::Q8};
     gpu::qdq(q8, m.stream);
+    store(s, kv);
+  }
+}
+
+}  // namespace
+
+void dspark_feed_rings(Impl& m, CudaSeqState& st, const Pass& p) {
+  const ModelConfig& c = m.cfg;
+  DsparkModel& d = *m.dspark;
+  const int64_t hd = c.head_dim, win = c.sliding_window;
+  DSV_ASSERT(st.dspark.ring.size() == d.stages.size(), "sequence state without DSpark rings");
+  // Only the last `win` positions survive in the rings.
+  const int64_t t0 = std::max<int64_t>(0, p.n - win), rows = p.n - t0;
+  ring_rows(m, t0, rows, p.start + t0, nullptr, [&](size_t s, const float* kv) {
     uint16_t* ring = st.dspark.ring[s].as<uint16_t>();
     const int64_t s0 = (p.start + t0) % win, first = std::min(rows, win - s0);
     gpu::StoreBf16Args a{kv, first, hd, hd, ring + s0 * hd, hd};
@@ -167,7 +185,23 @@ void dspark_feed_rings(Impl& m, CudaSeqState& st, const Pass& p) {
       gpu::StoreBf16Args w{kv + first * hd, rows - first, hd, hd, ring, hd};
       gpu::store_bf16(w, m.stream);
     }
-  }
+  });
+}
+
+void dspark_feed_rings_batch(Impl& m, const DecodeBatch& db) {
+  const ModelConfig& c = m.cfg;
+  DsparkModel& d = *m.dspark;
+  const int64_t hd = c.head_dim, win = c.sliding_window, n = db.rows();
+  for (const CudaSeqState* st : db.seqs)
+    DSV_ASSERT(st->dspark.ring.size() == d.stages.size(), "sequence state without DSpark rings");
+  // Row i: one position of its own sequence, into that sequence's ring slot.
+  ring_rows(m, 0, n, 0, m.sc.positions, [&](size_t s, const float* kv) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t* ring = db.seqs[static_cast<size_t>(i)]->dspark.ring[s].as<uint16_t>();
+      gpu::StoreBf16Args a{kv + i * hd, 1, hd, hd, ring + (db.pos[static_cast<size_t>(i)] % win) * hd, hd};
+      gpu::store_bf16(a, m.stream);
+    }
+  });
 }
 
 namespace {

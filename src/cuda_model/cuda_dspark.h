@@ -41,6 +41,8 @@ void dspark_capture_tap(Impl& m, int64_t layer, int64_t n);
 // After a target pass over positions p.start .. p.start+p.n-1: the DSpark ring rows of its last
 // min(n, window) positions, from the captured taps.
 void dspark_feed_rings(Impl& m, CudaSeqState& st, const Pass& p);
+// After a batched decode pass (DecodeBatch, positions in m.sc.positions): each row's ring slot.
+void dspark_feed_rings_batch(Impl& m, const DecodeBatch& db);
 // The draft block for each (state, anchor) (MODEL.md §6.3), batched over the sequences.
 std::vector<DsparkDraft> dspark_draft(Impl& m, std::span<CudaSeqState* const> states, std::span<const int32_t> anchors);
 

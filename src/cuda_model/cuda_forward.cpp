@@ -90,7 +90,7 @@ void Impl::engram(const GpuBlock& b, const engram::EngramFetch& fetch, const std
 
 // One block (block.cpp block_forward): the attention input is collapsed with the carried `pre`
 // weights, the MoE input with the attention site's pre; `pre` then becomes the MoE site's.
-void Impl::block_forward(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p) {
+void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<void()>& attend) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, hc = c.hc_mult, dim = c.hidden_size, mixw = (2 + hc) * hc;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -112,6 +112,25 @@ void Impl::block_forward(const GpuBlock& b, CudaSeqState& st, PassShared& shared
     a.t_ref0 = p.decode ? 0 : p.start;
     a.rows_ref = p.decode ? 1 : p.layout_end;
     a.k_parts = p.decode ? 0 : opts.mix_gemm_k_parts;
+    if (p.decode && n > 1) {
+      // Batched decode: every row is row 0 of its own one-row call, whose first
+      // clamp(floor(hc/16)*16, 0, hc) pre/post elements take the vector path; as hc <= 16 that is
+      // none of them or all of them, which rows_ref 0 (none, for any row) and -1 (all) express for
+      // the whole batch. Anything else runs row by row.
+      const int64_t vec = std::clamp<int64_t>(hc / 16 * 16, 0, hc);
+      if (vec == 0 || vec == hc) {
+        a.rows_ref = vec == 0 ? 0 : -1;
+      } else {
+        for (int64_t t = 0; t < n; ++t) {
+          gpu::HcMixArgs r = a;
+          r.h = sc.h + t * hc * dim;
+          r.n = 1;
+          r.mix = out + t * mixw;
+          gpu::hc_mix(r, stream);
+        }
+        return;
+      }
+    }
     gpu::hc_mix(a, stream);
   };
   auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm) {
@@ -122,12 +141,12 @@ void Impl::block_forward(const GpuBlock& b, CudaSeqState& st, PassShared& shared
   };
   mix(b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sc.mix_a);
   collapse_norm(sc.pre, hc, b.attn_norm);
-  attention(b, st, shared, p);
+  attend();
   gpu::HcExpandArgs ea{sc.y, sc.h, sc.mix_a, n, hc, dim};
   gpu::hc_expand(ea, stream);
   mix(b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sc.mix_f);
   collapse_norm(sc.mix_a, mixw, b.ffn_norm);
-  moe(b, n);
+  moe(b, n, p.decode);
   gpu::HcExpandArgs ef{sc.y, sc.h, sc.mix_f, n, hc, dim};
   gpu::hc_expand(ef, stream);
   // pre <- the MoE site's pre weights (the first hc values of each mix row)
@@ -161,59 +180,91 @@ void Impl::head_logits(const float* x, int64_t rows, float* y) {
   if (head_split) tp_sum(y, rows * cfg.vocab_size);
 }
 
+EngramPass Impl::engram_prepare(int64_t n, const std::function<void(int64_t, int64_t*)>& hist) {
+  const ModelConfig& c = cfg;
+  const int64_t n_eng = static_cast<int64_t>(engram_hash.size()), cols = c.n_engram_columns();
+  const int64_t N = c.engram_max_ngram_size;
+  EngramPass e;
+  e.hash_ids.resize(static_cast<size_t>(n * n_eng * cols));
+  e.rows.resize(static_cast<size_t>(n_eng));
+  e.fetch.resize(static_cast<size_t>(n_eng));
+  if (n_eng == 0) return e;
+  std::vector<int64_t> h(static_cast<size_t>(N));
+  for (int64_t t = 0; t < n; ++t) {
+    hist(t, h.data());
+    for (int64_t k = 0; k < n_eng; ++k)
+      engram_hash_ids(engram_hash[static_cast<size_t>(k)], c, h.data(), engram_pad, &e.hash_ids[(t * n_eng + k) * cols]);
+  }
+  for (int64_t k = 0; k < n_eng; ++k) {
+    auto& r = e.rows[static_cast<size_t>(k)];
+    r.resize(static_cast<size_t>(n * cols));
+    for (int64_t t = 0; t < n; ++t) std::copy_n(&e.hash_ids[(t * n_eng + k) * cols], cols, &r[t * cols]);
+    e.fetch[static_cast<size_t>(k)] = engram_store->prefetch(k, r);
+  }
+  return e;
+}
+
+void Impl::engram_push_history(CudaSeqState& st, const int32_t* tokens, int64_t n) const {
+  if (engram_hash.empty()) return;
+  const size_t keep = static_cast<size_t>(std::max<int64_t>(0, cfg.engram_max_ngram_size - 1));
+  for (int64_t t = 0; t < n && keep > 0; ++t) {
+    if (st.engram_history.size() == keep) st.engram_history.erase(st.engram_history.begin());
+    st.engram_history.push_back(token_map[static_cast<size_t>(tokens[t])]);
+  }
+}
+
+void Impl::embed_rows(const int32_t* tokens, int64_t n) {
+  const ModelConfig& c = cfg;
+  const int64_t dim = c.hidden_size, hc = c.hc_mult;
+  gpu::check_cuda(cudaMemcpyAsync(sc.tokens, tokens, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream),
+                  "tokens upload");
+  gpu::EmbedArgs ea{embed.as<uint16_t>(), c.vocab_size, dim, hc, sc.tokens, n, sc.h};
+  gpu::embed(ea, stream);
+  std::vector<float> pre(static_cast<size_t>(n * hc), 0.0f);
+  for (int64_t t = 0; t < n; ++t) pre[t * hc] = 1.0f;
+  gpu::check_cuda(cudaMemcpyAsync(sc.pre, pre.data(), pre.size() * 4, cudaMemcpyHostToDevice, stream), "pre upload");
+}
+
+void Impl::final_rows(int64_t row0, int64_t rows) {
+  const ModelConfig& c = cfg;
+  const int64_t dim = c.hidden_size, hc = c.hc_mult;
+  gpu::HcCollapseArgs ca{sc.h + row0 * hc * dim, sc.pre + row0 * hc, hc, rows, hc, dim, sc.x};
+  gpu::hc_collapse(ca, stream);
+  gpu::RmsNormArgs rn{sc.x, dim, final_norm.as<float>(), sc.x, dim, rows, dim, static_cast<float>(c.rms_norm_eps)};
+  gpu::rms_norm(rn, stream);
+  head_logits(sc.x, rows, sc.logits);
+}
+
 void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int64_t logit_rows_from,
                     float* logits_host, BlockDump* dump) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, dim = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
 
   // ---- Engram hash ids [n][n_engram][cols] and the rows' prefetch (cpu_model.cpp) ----
-  const int64_t n_eng = static_cast<int64_t>(engram_hash.size()), cols = c.n_engram_columns();
-  const int64_t N = c.engram_max_ngram_size;
-  std::vector<int64_t> hash_ids(static_cast<size_t>(n * n_eng * cols));
-  std::vector<std::vector<int64_t>> engram_rows(static_cast<size_t>(n_eng));
-  std::vector<std::shared_ptr<engram::EngramFetch>> engram_fetch(static_cast<size_t>(n_eng));
-  if (n_eng > 0) {
-    std::vector<int64_t> hist(static_cast<size_t>(N));
-    const int64_t hlen = static_cast<int64_t>(st.engram_history.size());
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t k = 0; k < N; ++k) {
-        if (k <= t) hist[k] = token_map[static_cast<size_t>(tokens[t - k])];
-        else {
-          const int64_t back = k - t;
-          hist[k] = back <= hlen ? st.engram_history[static_cast<size_t>(hlen - back)] : -1;
-        }
+  const int64_t N = c.engram_max_ngram_size, hlen = static_cast<int64_t>(st.engram_history.size());
+  EngramPass eng = engram_prepare(n, [&](int64_t t, int64_t* hist) {
+    for (int64_t k = 0; k < N; ++k) {
+      if (k <= t) hist[k] = token_map[static_cast<size_t>(tokens[t - k])];
+      else {
+        const int64_t back = k - t;
+        hist[k] = back <= hlen ? st.engram_history[static_cast<size_t>(hlen - back)] : -1;
       }
-      for (int64_t e = 0; e < n_eng; ++e)
-        engram_hash_ids(engram_hash[static_cast<size_t>(e)], c, hist.data(), engram_pad,
-                        &hash_ids[(t * n_eng + e) * cols]);
     }
-    for (int64_t e = 0; e < n_eng; ++e) {
-      auto& r = engram_rows[static_cast<size_t>(e)];
-      r.resize(static_cast<size_t>(n * cols));
-      for (int64_t t = 0; t < n; ++t) std::copy_n(&hash_ids[(t * n_eng + e) * cols], cols, &r[t * cols]);
-      engram_fetch[static_cast<size_t>(e)] = engram_store->prefetch(e, r);
-    }
-  }
-  if (dump) dump->engram_hash_ids.insert(dump->engram_hash_ids.end(), hash_ids.begin(), hash_ids.end());
+  });
+  if (dump) dump->engram_hash_ids.insert(dump->engram_hash_ids.end(), eng.hash_ids.begin(), eng.hash_ids.end());
 
   // ---- embedding into hc streams, pre = (1, 0, ..) ----
-  gpu::check_cuda(cudaMemcpyAsync(sc.tokens, tokens, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream),
-                  "tokens upload");
-  gpu::EmbedArgs ea{embed.as<uint16_t>(), V, dim, hc, sc.tokens, n, sc.h};
-  gpu::embed(ea, stream);
-  std::vector<float> pre(static_cast<size_t>(n * hc), 0.0f);
-  for (int64_t t = 0; t < n; ++t) pre[t * hc] = 1.0f;
-  gpu::check_cuda(cudaMemcpyAsync(sc.pre, pre.data(), pre.size() * 4, cudaMemcpyHostToDevice, stream), "pre upload");
+  embed_rows(tokens, n);
 
   PassShared shared;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     const GpuBlock& b = blocks[static_cast<size_t>(L)];
     if (b.has_engram) {
       const auto e = static_cast<size_t>(b.engram_index);
-      engram(b, *engram_fetch[e], engram_rows[e], n);
+      engram(b, *eng.fetch[e], eng.rows[e], n);
     }
     if (dspark) dspark_capture_tap(*this, L, n);  // DSpark target-layer taps (cuda_dspark.cpp)
-    block_forward(b, st, shared, p);
+    block_forward(b, p, [&] { attention(b, st, shared, p); });
     if (dump) {
       std::vector<float> h(static_cast<size_t>(n * hc * dim)), pr(static_cast<size_t>(n * hc));
       gpu::check_cuda(cudaMemcpyAsync(h.data(), sc.h, h.size() * 4, cudaMemcpyDeviceToHost, stream), "dump h");
@@ -229,11 +280,7 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
   // ---- final norm and head ----
   if (logit_rows_from >= 0) {
     const int64_t rows = n - logit_rows_from;
-    gpu::HcCollapseArgs ca{sc.h + logit_rows_from * hc * dim, sc.pre + logit_rows_from * hc, hc, rows, hc, dim, sc.x};
-    gpu::hc_collapse(ca, stream);
-    gpu::RmsNormArgs rn{sc.x, dim, final_norm.as<float>(), sc.x, dim, rows, dim, static_cast<float>(c.rms_norm_eps)};
-    gpu::rms_norm(rn, stream);
-    head_logits(sc.x, rows, sc.logits);
+    final_rows(logit_rows_from, rows);
     gpu::check_cuda(cudaMemcpyAsync(logits_host, sc.logits, static_cast<size_t>(rows * V) * 4, cudaMemcpyDeviceToHost,
                                     stream),
                     "logits download");
@@ -242,18 +289,11 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
   gpu::check_cuda(cudaStreamSynchronize(stream), "forward");
 
   // ---- carried host state: Engram history ----
-  if (n_eng > 0) {
-    const size_t keep = static_cast<size_t>(std::max<int64_t>(0, N - 1));
-    for (int64_t t = 0; t < n && keep > 0; ++t) {
-      if (st.engram_history.size() == keep) st.engram_history.erase(st.engram_history.begin());
-      st.engram_history.push_back(token_map[static_cast<size_t>(tokens[t])]);
-    }
-  }
+  engram_push_history(st, tokens, n);
   st.n_past = p.start + n;
 }
 
-void Impl::forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_logits, std::vector<float>* logits,
-                   BlockDump* dump) {
+void Impl::check_tokens(const CudaSeqState& st, const int32_t* tokens, int64_t n) const {
   const ModelConfig& c = cfg;
   const int64_t V = c.vocab_size, start = st.n_past, end = start + n;
   DSV_CHECK(n > 0, "forward: no tokens");
@@ -270,6 +310,13 @@ void Impl::forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_
   DSV_CHECK(end <= st.capacity_tokens && st.prompt_len <= st.capacity_tokens,
             "forward: {} tokens at position {} (prompt of {}) exceed the CUDA sequence capacity of {} tokens", n, start,
             st.prompt_len, st.capacity_tokens);
+}
+
+void Impl::forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_logits, std::vector<float>* logits,
+                   BlockDump* dump) {
+  const ModelConfig& c = cfg;
+  const int64_t V = c.vocab_size, start = st.n_past, end = start + n;
+  check_tokens(st, tokens, n);
   const bool decode = n == 1 && start > 0 && start >= st.prompt_len;
   const int64_t layout_end = std::max(end, st.prompt_len);
   if (logits) logits->assign(static_cast<size_t>((all_logits ? n : 1) * V), 0.0f);

@@ -6,7 +6,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -139,6 +141,12 @@ struct Scratch {
   uint8_t* engram_raw = nullptr;
   float *engram_rows = nullptr, *engram_kv = nullptr;
   float* logits = nullptr;
+  int32_t* moe_sort = nullptr;  // grouped MoE bucketing (gpu::moe_grouped), moe_sort_ints values
+  int64_t moe_sort_ints = 0;
+  // Batched decode (cuda_decode_batch.cpp): the rows' positions [m], and per layer the rows' window
+  // rings then their compressed-KV pools [layers][2][m] (sparse attention's per-query pools).
+  int64_t* positions = nullptr;
+  const uint16_t** batch_pools = nullptr;
 };
 
 // Carries the index sources' outputs down the stack within one pass (ChunkShared of the CPU engine).
@@ -152,9 +160,30 @@ struct PassShared {
 };
 
 // Geometry of one pass: tokens [start, start+n) of a chunk whose layout ends at layout_end.
+// decode: every row is a one-token decode step; n > 1 only in a batched decode pass (DecodeBatch),
+// whose rows belong to different sequences (start, layout_end then unused).
 struct Pass {
   int64_t start = 0, n = 0, layout_end = 0;
   bool decode = false;
+};
+
+// A batched decode pass (cuda_decode_batch.cpp): row i is the one-token decode step of seqs[i] at
+// position pos[i] (its n_past), computed exactly as that sequence's own decode pass would: every
+// row-wise op runs over all rows at once, the per-sequence parts (ring, compressor, indexer,
+// top-k, lists, attention pools) against each row's own state.
+struct DecodeBatch {
+  std::vector<CudaSeqState*> seqs;
+  std::vector<int64_t> pos;
+  std::vector<PassShared> shared;  // [row]: the row's index-source outputs down the stack
+  std::vector<int64_t> topk_off;   // [row]: offset of the row's selections in sc.topk (packed)
+  int64_t rows() const { return static_cast<int64_t>(seqs.size()); }
+};
+
+// Engram hash ids of a pass's rows and the prefetch of their table rows (cpu_model.cpp).
+struct EngramPass {
+  std::vector<int64_t> hash_ids;              // [n][n_engram][cols]
+  std::vector<std::vector<int64_t>> rows;     // [engram layer] -> [n * cols]
+  std::vector<std::shared_ptr<engram::EngramFetch>> fetch;  // [engram layer]
 };
 
 struct DsparkModel;  // the drafter's weights and scratch (cuda_dspark.h)
@@ -234,11 +263,33 @@ struct Impl {
   // ---- forward (src/cuda_model/cuda_forward.cpp, cuda_attention.cpp) ----
   void forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_logits, std::vector<float>* logits,
                BlockDump* dump);
+  // Refuses tokens the model cannot take at the state's position (vocabulary, image, context, capacity).
+  void check_tokens(const CudaSeqState& st, const int32_t* tokens, int64_t n) const;
   void run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int64_t logit_rows_from,
                 float* logits_host, BlockDump* dump);
-  void block_forward(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p);
+  // The block around its attention (`attend`: attention of this pass's rows, sc.x -> sc.y).
+  void block_forward(const GpuBlock& b, const Pass& p, const std::function<void()>& attend);
   void attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p);
-  void moe(const GpuBlock& b, int64_t n);
+  ops::gpu::CompressorWeights compressor_weights(const GpuBlock& b) const;  // the layer's compressor
+  // hist(t, out): row t's n-gram window of compressed ids, out[0] its own token, out[k] k back (-1: none).
+  EngramPass engram_prepare(int64_t n, const std::function<void(int64_t, int64_t*)>& hist);
+  void engram_push_history(CudaSeqState& st, const int32_t* tokens, int64_t n) const;
+  void embed_rows(const int32_t* tokens, int64_t n);  // sc.h streams, sc.pre one-hot
+  void final_rows(int64_t row0, int64_t rows);         // final collapse, norm and head -> sc.logits
+  // ---- batched decode (src/cuda_model/cuda_decode_batch.cpp) ----
+  // Rows per batched decode pass: the arena's; EXL3 linears pick their kernel path by row count
+  // (int8 with MUL1 up to 4 rows, f16 up to 8), so a model with EXL3 weights keeps to 4 rows, the
+  // path of a single row.
+  int64_t max_decode_batch() const;
+  // Runs every item as the model's forward would, one-token decode steps of distinct sequences
+  // together in batched passes.
+  void forward_items(std::span<ForwardItem> items);
+  void forward_decode_batch(std::span<ForwardItem* const> items);  // one-token decode steps, distinct states
+  void run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std::vector<float>* const> logits);
+  void attention_batch(const GpuBlock& b, DecodeBatch& db);
+  // exact: keep the per-pair kernels whatever the pass size (decode steps, so that a sequence's
+  // tokens do not depend on how many others share its batch).
+  void moe(const GpuBlock& b, int64_t n, bool exact = false);
   void attn_output(const GpuBlock& b, int64_t n);  // sc.o -> sc.y (grouped wo_a, wo_b)
   void head_logits(const float* x, int64_t rows, float* y);  // fp32 logits of normed rows
   void engram(const GpuBlock& b, const engram::EngramFetch& fetch, const std::vector<int64_t>& ids, int64_t n);

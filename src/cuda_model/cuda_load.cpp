@@ -498,6 +498,7 @@ void Impl::alloc_scratch() {
   Scratch& s = sc;
   s.m = m;
   s.t_max = t_max;
+  s.moe_sort_ints = ops::gpu::moe_grouped_sort_ints(m * K, E);
   const int64_t f = 4;
   std::vector<Piece> pieces = {
       {reinterpret_cast<void**>(&s.h), m * hc * dim * f},
@@ -541,6 +542,9 @@ void Impl::alloc_scratch() {
       {reinterpret_cast<void**>(&s.engram_rows), m * edim * f},
       {reinterpret_cast<void**>(&s.engram_kv), m * (hc + 1) * dim * f},
       {reinterpret_cast<void**>(&s.logits), m * V * f},
+      {reinterpret_cast<void**>(&s.moe_sort), ops::gpu::moe_grouped_sort_ints(m * K, E) * 4},
+      {reinterpret_cast<void**>(&s.positions), m * 8},
+      {reinterpret_cast<void**>(&s.batch_pools), c.num_hidden_layers * 2 * m * 8},
   };
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
   int64_t total = 0;

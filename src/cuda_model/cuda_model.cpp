@@ -63,12 +63,11 @@ void CudaModel::forward_sequence(SeqState& state, std::span<const int32_t> token
   impl_->forward(impl_->state_of(state), tokens.data(), static_cast<int64_t>(tokens.size()), all_logits, logits, dump);
 }
 
+// One-token decode steps of distinct sequences run as batched passes (cuda_decode_batch.cpp).
 void CudaModel::forward(std::span<ForwardItem> batch) {
   impl_->use_device();
-  for (ForwardItem& it : batch) {
-    DSV_CHECK(it.state != nullptr, "forward: item without a sequence state");
-    forward_sequence(*it.state, it.tokens, it.all_logits, it.logits);
-  }
+  for (ForwardItem& it : batch) DSV_CHECK(it.state != nullptr, "forward: item without a sequence state");
+  impl_->forward_items(batch);
 }
 
 }  // namespace dsv41::model

@@ -7,8 +7,9 @@ namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
 
 // MoE (block.cpp moe/run_expert): router, routed experts as FP4 bank GEMMs over the (token, slot)
-// pairs, clamped SwiGLU scaled by the routing weight, shared expert, combine in expert order.
-void Impl::moe(const GpuBlock& b, int64_t n) {
+// pairs (per pair, or grouped by expert on the tensor cores for large passes), clamped SwiGLU
+// scaled by the routing weight, shared expert, combine in expert order.
+void Impl::moe(const GpuBlock& b, int64_t n, bool exact) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, K = b.top_k, inter = c.moe_intermediate_size, pairs = n * K;
   gpu::RouterArgs r;
@@ -50,14 +51,43 @@ void Impl::moe(const GpuBlock& b, int64_t n) {
     a.round_bf16 = true;
     gpu::lin4(a, stream);
   };
-  bank(b.w1, K, sc.eg, inter);
-  bank(b.w3, K, sc.eu, inter);
   const float limit = static_cast<float>(c.swiglu_limit);
-  gpu::SwigluArgs s{sc.eg, sc.eu, pairs, inter, sc.route_w, limit, sc.eg};
-  gpu::swiglu(s, stream);
-  gpu::ActQuantArgs q2{sc.eg, pairs, inter, inter, sc.codes, sc.act_scales};
-  gpu::act_quant8(q2, stream);
-  bank(b.w2, 1, sc.routed, dim);
+  // Large passes: the pairs bucketed by expert and the three projections as grouped tensor-core
+  // GEMMs (not bit-identical, CudaModelOptions::grouped_moe_min_rows); otherwise the exact per-pair
+  // Lin4 kernels.
+  const bool grouped = !exact && opts.grouped_moe_min_rows > 0 && pairs >= opts.grouped_moe_min_rows &&
+                       gpu::moe_grouped_supported(dim, inter);
+  if (grouped) {
+    gpu::MoeGroupedArgs g;
+    auto weight = [](const GpuExpertBank& w) {
+      return gpu::Fp4Weight{w.packed.as<uint8_t>(), w.scales.as<uint8_t>(), w.in, w.out, w.n};
+    };
+    g.w1 = weight(b.w1);
+    g.w3 = weight(b.w3);
+    g.w2 = weight(b.w2);
+    g.x_codes = sc.codes;
+    g.x_scales = sc.act_scales;
+    g.n = n;
+    g.top_k = K;
+    g.expert_ids = bank_ids;
+    g.route_w = sc.route_w;
+    g.swiglu_limit = limit;
+    g.act = sc.eg;
+    g.act_codes = sc.codes;  // written after the gate/up GEMM has read the token codes
+    g.act_scales = sc.act_scales;
+    g.sort = sc.moe_sort;
+    g.sort_ints = sc.moe_sort_ints;
+    g.y = sc.routed;
+    gpu::moe_grouped(g, stream);
+  } else {
+    bank(b.w1, K, sc.eg, inter);
+    bank(b.w3, K, sc.eu, inter);
+    gpu::SwigluArgs s{sc.eg, sc.eu, pairs, inter, sc.route_w, limit, sc.eg};
+    gpu::swiglu(s, stream);
+    gpu::ActQuantArgs q2{sc.eg, pairs, inter, inter, sc.codes, sc.act_scales};
+    gpu::act_quant8(q2, stream);
+    bank(b.w2, 1, sc.routed, dim);
+  }
   if (b.split) tp_sum(sc.routed, pairs * dim);
 
   // Shared expert; split: column slices of w1/w3 and w2 written into zeroed buffers, all-reduced.

@@ -118,6 +118,36 @@ void moe_combine(const MoeCombineArgs& a, cudaStream_t s) {
   launched(raw::moe_combine(a, s), "moe_combine launch");
 }
 
+void moe_grouped(const MoeGroupedArgs& a, cudaStream_t s) {
+  const int64_t dim = a.w1.in, inter = a.w1.out, E = a.w1.n_experts;
+  DSV_CHECK(moe_grouped_supported(dim, inter), "moe_grouped: hidden {} and intermediate {} must be positive multiples of {}",
+            dim, inter, kMoeGroupedKStep);
+  DSV_CHECK(a.w3.in == dim && a.w3.out == inter && a.w3.n_experts == E && a.w2.in == inter && a.w2.out == dim &&
+                a.w2.n_experts == E,
+            "moe_grouped: banks disagree: w1 {}x{}x{}, w3 {}x{}x{}, w2 {}x{}x{} (experts x out x in)", E, inter, dim,
+            a.w3.n_experts, a.w3.out, a.w3.in, a.w2.n_experts, a.w2.out, a.w2.in);
+  DSV_CHECK(E >= 1 && E <= 1024, "moe_grouped: {} experts outside 1..1024", E);
+  DSV_CHECK(a.n >= 0 && a.top_k >= 1 && a.n * a.top_k < (int64_t{1} << 31), "moe_grouped: n={} top_k={}", a.n, a.top_k);
+  const int64_t pairs = a.n * a.top_k;
+  DSV_CHECK(moe_grouped_max_tiles(pairs, E) <= 65535, "moe_grouped: {} pairs over {} experts exceed the tile grid", pairs, E);
+  DSV_CHECK(a.w1.packed && a.w1.scales && a.w3.packed && a.w3.scales && a.w2.packed && a.w2.scales,
+            "moe_grouped: weight pointers must be set");
+  DSV_CHECK(aligned16(a.w1.packed) && aligned16(a.w3.packed) && aligned16(a.w2.packed),
+            "moe_grouped: packed weights must be 16-byte aligned");
+  const auto aligned4 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; };
+  DSV_CHECK(aligned4(a.w1.scales) && aligned4(a.w3.scales) && aligned4(a.w2.scales),
+            "moe_grouped: weight scales must be 4-byte aligned");
+  if (pairs > 0) {
+    DSV_CHECK(a.x_codes && a.x_scales && a.expert_ids && a.route_w && a.act && a.act_codes && a.act_scales && a.sort && a.y,
+              "moe_grouped: activation, routing, scratch and output pointers must be set");
+    DSV_CHECK(aligned16(a.x_codes) && aligned16(a.x_scales) && aligned16(a.act_codes) && aligned16(a.act_scales),
+              "moe_grouped: activation codes and scales must be 16-byte aligned");
+    DSV_CHECK(a.sort_ints >= moe_grouped_sort_ints(pairs, E), "moe_grouped: sort scratch of {} ints, {} needed", a.sort_ints,
+              moe_grouped_sort_ints(pairs, E));
+  }
+  launched(raw::moe_grouped(a, s), "moe_grouped launch");
+}
+
 void engram_dequant(const EngramDequantArgs& a, cudaStream_t s) {
   DSV_CHECK(a.head_dim > 0 && a.row_bytes >= a.head_dim + (a.head_dim + 31) / 32,
             "engram_dequant: row_bytes={} too small for head_dim={}", a.row_bytes, a.head_dim);

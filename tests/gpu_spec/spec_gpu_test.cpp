@@ -32,6 +32,7 @@ std::unique_ptr<model::CudaModel> load_cuda(const std::string& fixture, int64_t 
   model::CudaModelOptions o;
   o.engram_token_map = test_support::fixture_dir(fixture) + "/engram_token_map.safetensors";
   o.mix_gemm_k_parts = mix_parts;
+  o.grouped_moe_min_rows = 0;  // exact MoE kernels: batched drafts must equal solo ones bit for bit
   return model::CudaModel::load(test_support::fixture_dir(fixture) + "/model", o);
 }
 

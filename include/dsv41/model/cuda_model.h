@@ -55,6 +55,13 @@ struct CudaModelOptions {
   int64_t max_context = 0;
   // Tokens per forward pass (sizes the scratch arena).
   int64_t max_chunk_tokens = 256;
+  // Passes with at least this many (token, slot) pairs run the routed FP4 experts as grouped
+  // tensor-core GEMMs (gpu::moe_grouped): ~3x faster at 256-token prefill passes, ~9x at 2048, but
+  // not guaranteed bit-identical to the CPU engine (the tensor core sums each 32-wide block of exact
+  // products in its own order); fewer pairs, or 0, keep the exact per-pair kernels. Decode steps
+  // (batched or not) always keep them, so a sequence's tokens never depend on its batch. Tests that
+  // compare prefill with the CPU engine bit for bit set 0.
+  int64_t grouped_moe_min_rows = 64;
   // Load the mtp.* DSpark stages when the config has them (drafting, and the DSpark rings every
   // forward feeds); as CpuModelOptions::dspark.
   bool dspark = true;

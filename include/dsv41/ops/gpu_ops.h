@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "ops/moe_grouped.h"
 #include "ops/ops_launch.h"
 
 namespace dsv41::ops::gpu {
@@ -27,6 +28,9 @@ void hc_expand(const HcExpandArgs& a, cudaStream_t s);
 void router(const RouterArgs& a, cudaStream_t s);
 void swiglu(const SwigluArgs& a, cudaStream_t s);
 void moe_combine(const MoeCombineArgs& a, cudaStream_t s);
+// Routed FP4 experts as grouped tensor-core GEMMs (kernels/ops/moe_grouped.h): close to, not
+// bit-identical with, lin4 + swiglu + act_quant8 + lin4 (the CPU engine's order inside 32-blocks).
+void moe_grouped(const MoeGroupedArgs& a, cudaStream_t s);
 void engram_dequant(const EngramDequantArgs& a, cudaStream_t s);
 void engram_gate(const EngramGateArgs& a, cudaStream_t s);
 void indexer_scores(const IndexerArgs& a, cudaStream_t s);

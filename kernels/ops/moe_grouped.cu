@@ -1,0 +1,429 @@
+// Grouped tensor-core MoE (kernels/ops/moe_grouped.h): bucketing of the (token, slot) pairs by
+// expert, the gate/up matmul with the SwiGLU epilogue, ActQuant8, the down matmul.
+//
+// Tiles. A CTA (4 warps) computes 128 weight rows x 64 pairs of one expert: for gate/up the 64
+// features f0.. of w1 and the same 64 of w3 (a warp holds 16 features of each, so g and u of one
+// output meet in one thread), for down 128 features of w2. The MMA's M side is the weight rows and
+// its N side the pairs (m16n8k16: a tile of 4 pairs costs one 8-wide step, not 16); a tile runs
+// 1, 2, 4 or 8 such steps, whichever first covers its pairs. K advances 128 per stage (four 32-wide
+// scale blocks) through a 4-deep cp.async pipeline.
+//
+// Exact widening. e4m3 activation codes become fp16 with cvt (every e4m3 value is an fp16 value);
+// e2m1 weight codes become fp16 through a byte table (prmt): the fp16 encodings of 0, .5, 1, 1.5,
+// 2, 3, 4, 6 have zero low bytes, so a table of their high bytes plus the sign bit builds them.
+// Products of two such values are exact in the tensor core; per 32-block two chained m16n8k16 steps
+// sum them from zero, then acc = fma(d·x_scale, w_scale, acc) — with power-of-two scales the
+// product is exact, so this is the reference's acc + (part·x_scale)·w_scale, block by block in K
+// order. K within a block is permuted (thread tig owns K 8tig..8tig+7 of both operands), which only
+// the tensor core's own summation order can see.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "ops/moe_grouped.h"
+#include "ops/ops_common.cuh"
+
+namespace dsv41::ops::gpu {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kBP = static_cast<int>(kMoeGroupedTilePairs);  // pairs per tile (N)
+constexpr int kRowsA = 128;                                  // weight rows per tile (M)
+constexpr int kBK = static_cast<int>(kMoeGroupedKStep);      // K per stage
+constexpr int kKB = kBK / 32;                                // scale blocks per stage
+constexpr int kStages = 4;
+// Row strides of the staged tiles, padded so the warp's fragment loads hit distinct banks.
+constexpr int kAStride = kBK / 2 + 16;
+constexpr int kBStride = kBK + 32;
+constexpr int kABytes = kRowsA * kAStride;
+constexpr int kBBytes = kBP * kBStride;
+constexpr int kAsBytes = kRowsA * kKB;  // E8M0 weight scales
+constexpr int kBsBytes = kBP * kKB * 4;  // fp32 activation scales
+constexpr int kStageBytes = kABytes + kBBytes + kAsBytes + kBsBytes;
+constexpr int kSmemBytes = kStages * kStageBytes + kBP * 4;  // + the tile's pair ids
+static_assert(kABytes % 16 == 0 && kBBytes % 16 == 0 && kAsBytes % 16 == 0 && kStageBytes % 16 == 0);
+static_assert(kRowsA == 4 * 32 && kBP == 8 * 8 && kThreads * 4 == kRowsA * (kBK / 2) / 16);
+
+constexpr int kBucketThreads = 1024;  // one bucketing block; also the most experts a bank may have
+
+struct SortView {
+  int32_t* offs;         // [E+1] first sorted row of each expert
+  int32_t* n_tiles;      // [1]
+  int32_t* tile_expert;  // [T]
+  int32_t* tile_start;   // [T] first sorted row of the tile
+  int32_t* perm;         // [pairs] pair ids grouped by expert
+};
+
+// ---- bucketing: counting sort of the pairs by expert, and the tile list ----
+__global__ void __launch_bounds__(kBucketThreads) moe_bucket_kernel(const int32_t* ids, int pairs, int n_experts,
+                                                                     SortView v) {
+  __shared__ int count[kBucketThreads];
+  __shared__ int cursor[kBucketThreads];
+  __shared__ unsigned long long warp_total[32];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  count[t] = 0;
+  __syncthreads();
+  for (int p = t; p < pairs; p += kBucketThreads) {
+    const int e = ids[p];
+    if (e >= 0 && e < n_experts) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  // Exclusive scan over experts of (rows << 32 | tiles): thread t owns expert t.
+  const int c = count[t];
+  const int nt = (c + kBP - 1) / kBP;
+  const unsigned long long mine = (static_cast<unsigned long long>(c) << 32) | static_cast<unsigned>(nt);
+  unsigned long long incl = mine;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long u = __shfl_up_sync(dev::kFull, incl, o);
+    if (lane >= o) incl += u;
+  }
+  if (lane == 31) warp_total[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long w = warp_total[lane];
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned long long u = __shfl_up_sync(dev::kFull, w, o);
+      if (lane >= o) w += u;
+    }
+    warp_total[lane] = w;
+  }
+  __syncthreads();
+  const unsigned long long before = incl - mine + (warp > 0 ? warp_total[warp - 1] : 0ull);
+  const int row0 = static_cast<int>(before >> 32), tile0 = static_cast<int>(before & 0xffffffffull);
+  if (t < n_experts) {
+    v.offs[t] = row0;
+    cursor[t] = row0;
+    for (int j = 0; j < nt; ++j) {
+      v.tile_expert[tile0 + j] = t;
+      v.tile_start[tile0 + j] = row0 + j * kBP;
+    }
+  }
+  if (t == kBucketThreads - 1) {
+    const unsigned long long total = warp_total[31];
+    v.offs[n_experts] = static_cast<int>(total >> 32);
+    *v.n_tiles = static_cast<int>(total & 0xffffffffull);
+  }
+  __syncthreads();
+  // The order of pairs inside an expert's rows is whatever the atomics give: every output element
+  // depends only on its own pair's row, so results do not depend on it.
+  for (int p = t; p < pairs; p += kBucketThreads) {
+    const int e = ids[p];
+    if (e >= 0 && e < n_experts) v.perm[atomicAdd(&cursor[e], 1)] = p;
+  }
+}
+
+// ---- staging ----
+// Weight rows are read 64 bytes per stage: the L2 prefetch hint fetches 256 contiguous bytes (four
+// stages of the row) at once, so DRAM sees whole lines instead of scattered 64-byte pieces.
+__device__ __forceinline__ void cp_async16_weights(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// ---- exact widening to fp16 ----
+// High bytes of the fp16 encodings of the e2m1 magnitudes 0, .5, 1, 1.5 | 2, 3, 4, 6.
+constexpr uint32_t kE2m1F16HiLo = 0x3E3C3800u, kE2m1F16HiHi = 0x46444240u;
+
+// Four e2m1 codes (code i in bits 4i..4i+3 of q) -> byte i = high byte of code i's fp16 value.
+__device__ __forceinline__ uint32_t e2m1x4_f16_high(uint32_t q) {
+  const uint32_t mag = __byte_perm(kE2m1F16HiLo, kE2m1F16HiHi, q & 0x7777u);
+  // prmt's sign mode: a selector nibble with bit 3 set (a negative code) yields the replicated top
+  // bit of the selected byte (0x00 here), otherwise the byte itself (0x01).
+  uint32_t non_negative;
+  asm("prmt.b32 %0, %1, %1, %2;" : "=r"(non_negative) : "r"(0x01010101u), "r"(q));
+  return mag | ((non_negative << 7) ^ 0x80808080u);
+}
+// fp16x2 of the high bytes 0/1 (sel 0x1404) or 2/3 (sel 0x3424) of h: low bytes zero.
+__device__ __forceinline__ uint32_t f16x2_from_high(uint32_t h, uint32_t sel) { return __byte_perm(h, 0u, sel); }
+
+// Two e4m3 codes (low byte first) -> fp16x2 (low half first).
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v16) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Staged row (0..127) of warp `warp`'s m-tile mt, half h (rows g / g+8).
+template <bool kGateUp>
+__device__ __forceinline__ int tile_row(int warp, int mt, int g, int h) {
+  return kGateUp ? mt * 64 + warp * 16 + g + 8 * h : warp * 32 + mt * 16 + g + 8 * h;
+}
+
+// One tile with NQ 8-pair steps (NQ*8 >= the tile's pairs; straight-line code, no per-step
+// branches, so the warp's independent MMA chains interleave). Columns past `rows` hold whatever
+// the staging buffers held: each output column depends only on its own inputs, and those columns
+// are never stored.
+template <bool kGateUp, int NQ>
+__device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem, const int32_t* s_pair, int e,
+                                          int rows) {
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
+  const Fp4Weight& wa = kGateUp ? a.w1 : a.w2;
+  const int64_t in = wa.in, out = wa.out, nb = in / 32;
+  const int n_steps = static_cast<int>(in / kBK);
+  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * (kGateUp ? kRowsA / 2 : kRowsA);
+  const uint8_t* xc = kGateUp ? a.x_codes : a.act_codes;
+  const float* xsc = kGateUp ? a.x_scales : a.act_scales;
+  const int64_t div = kGateUp ? a.top_k : 1;
+
+  // Copy sources of this thread: weight rows (tid>>2)+32i (16-byte part tid&3), activation rows
+  // (tid>>3)+16i (part tid&7), the weight scales of row tid, the activation scales of pair tid.
+  auto weight_row = [&](int row, const uint8_t*& packed, const uint8_t*& scales, bool& ok) {
+    const Fp4Weight& w = kGateUp && row >= 64 ? a.w3 : wa;
+    const int64_t f = f0 + (kGateUp ? (row & 63) : row);
+    ok = f < out;
+    const int64_t r = static_cast<int64_t>(e) * out + (ok ? f : 0);
+    packed = w.packed + r * (in / 2);
+    scales = w.scales + r * nb;
+  };
+  const uint8_t* a_src[4];
+  bool a_ok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t* sc;
+    weight_row((tid >> 2) + 32 * i, a_src[i], sc, a_ok[i]);
+    a_src[i] += (tid & 3) * 16;
+  }
+  const uint8_t* as_src;
+  bool as_ok;
+  {
+    const uint8_t* pk;
+    weight_row(tid, pk, as_src, as_ok);
+  }
+  const uint8_t* b_src[4];
+  bool b_ok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int j = (tid >> 3) + 16 * i;
+    b_ok[i] = j < rows;
+    b_src[i] = xc + (s_pair[j] / div) * in + (tid & 7) * 16;
+  }
+  const bool bs_ok = tid < rows;
+  const float* bs_src = xsc + (s_pair[tid < kBP ? tid : 0] / div) * nb;
+
+  auto load_stage = [&](int step, int buf) {
+    uint8_t* sA = smem + buf * kStageBytes;
+    uint8_t* sB = sA + kABytes;
+    uint8_t* sAs = sB + kBBytes;
+    uint8_t* sBs = sAs + kAsBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      cp_async16_weights(sA + ((tid >> 2) + 32 * i) * kAStride + (tid & 3) * 16, a_src[i] + step * (kBK / 2), a_ok[i]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (b_ok[i]) cp_async16(sB + ((tid >> 3) + 16 * i) * kBStride + (tid & 7) * 16, b_src[i] + step * kBK);
+    cp_async4(sAs + tid * kKB, as_src + step * kKB, as_ok);
+    if (bs_ok) cp_async16(sBs + tid * kKB * 4, bs_src + step * kKB);
+  };
+
+  float acc[2][NQ][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_steps) load_stage(st, st);
+    cp_commit();
+  }
+  for (int step = 0; step < n_steps; ++step) {
+    cp_wait<kStages - 2>();
+    __syncthreads();  // stage `step` visible to all; the buffer refilled below is no longer read
+    {
+      const int next = step + kStages - 1;
+      if (next < n_steps) load_stage(next, next % kStages);
+      cp_commit();
+    }
+    const int buf = step % kStages;
+    const uint8_t* sA = smem + buf * kStageBytes;
+    const uint8_t* sB = sA + kABytes;
+    const uint8_t* sAs = sB + kBBytes;
+    const float* sBs = reinterpret_cast<const float*>(sAs + kAsBytes);
+    uint32_t wsb[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        wsb[mt][h] = *reinterpret_cast<const uint32_t*>(sAs + tile_row<kGateUp>(warp, mt, g, h) * kKB);
+    // Few pair steps: the four blocks unrolled for independent work; eight: one block at a time
+    // (16 independent MMA chains already, and the registers for them).
+#pragma unroll(NQ >= 8 ? 1 : kKB)
+    for (int kb = 0; kb < kKB; ++kb) {
+      // A fragments of both k16 steps: step s covers K 8tig+4s .. 8tig+4s+3 of the block.
+      uint32_t af[2][2][4];
+      float ws[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int ra = tile_row<kGateUp>(warp, mt, g, 0), rb = tile_row<kGateUp>(warp, mt, g, 1);
+        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sA + ra * kAStride + kb * 16 + tig * 4);
+        const uint32_t w1 = *reinterpret_cast<const uint32_t*>(sA + rb * kAStride + kb * 16 + tig * 4);
+        const uint32_t lo0 = e2m1x4_f16_high(w0 & 0xFFFFu), hi0 = e2m1x4_f16_high(w0 >> 16);
+        const uint32_t lo1 = e2m1x4_f16_high(w1 & 0xFFFFu), hi1 = e2m1x4_f16_high(w1 >> 16);
+        af[mt][0][0] = f16x2_from_high(lo0, 0x1404u);
+        af[mt][0][1] = f16x2_from_high(lo1, 0x1404u);
+        af[mt][0][2] = f16x2_from_high(lo0, 0x3424u);
+        af[mt][0][3] = f16x2_from_high(lo1, 0x3424u);
+        af[mt][1][0] = f16x2_from_high(hi0, 0x1404u);
+        af[mt][1][1] = f16x2_from_high(hi1, 0x1404u);
+        af[mt][1][2] = f16x2_from_high(hi0, 0x3424u);
+        af[mt][1][3] = f16x2_from_high(hi1, 0x3424u);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ws[mt][h] = dev::e8m0_value(static_cast<uint8_t>(wsb[mt][h] >> (8 * kb)));
+      }
+#pragma unroll
+      for (int nt = 0; nt < NQ; ++nt) {
+        const uint2 bv = *reinterpret_cast<const uint2*>(sB + (nt * 8 + g) * kBStride + kb * 32 + tig * 8);
+        const uint32_t b00 = e4m3x2_f16x2(bv.x), b01 = e4m3x2_f16x2(bv.x >> 16);
+        const uint32_t b10 = e4m3x2_f16x2(bv.y), b11 = e4m3x2_f16x2(bv.y >> 16);
+        const float xs0 = sBs[(nt * 8 + 2 * tig) * kKB + kb], xs1 = sBs[(nt * 8 + 2 * tig + 1) * kKB + kb];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_f16(d, af[mt][0], b00, b01);
+          mma_f16(d, af[mt][1], b10, b11);
+          acc[mt][nt][0] = __fmaf_rn(__fmul_rn(d[0], xs0), ws[mt][0], acc[mt][nt][0]);
+          acc[mt][nt][1] = __fmaf_rn(__fmul_rn(d[1], xs1), ws[mt][0], acc[mt][nt][1]);
+          acc[mt][nt][2] = __fmaf_rn(__fmul_rn(d[2], xs0), ws[mt][1], acc[mt][nt][2]);
+          acc[mt][nt][3] = __fmaf_rn(__fmul_rn(d[3], xs1), ws[mt][1], acc[mt][nt][3]);
+        }
+      }
+    }
+  }
+  cp_wait<0>();
+
+  // Epilogue: pair column nt*8 + 2tig + c, feature row g / g+8 of each m-tile.
+#pragma unroll
+  for (int nt = 0; nt < NQ; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = nt * 8 + 2 * tig + c;
+      if (col >= rows) continue;
+      const int64_t p = s_pair[col];
+      if constexpr (kGateUp) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t f = f0 + warp * 16 + g + 8 * h;
+          if (f >= out) continue;
+          // The clamped SwiGLU with the routing weight, as swiglu_kernel (moe.cu) computes it from
+          // the bf16-rounded projections.
+          float gv = dev::bf16_round(acc[0][nt][2 * h + c]), uv = dev::bf16_round(acc[1][nt][2 * h + c]);
+          if (a.swiglu_limit > 0.0f) {
+            uv = dev::clampf(uv, -a.swiglu_limit, a.swiglu_limit);
+            gv = fminf(gv, a.swiglu_limit);
+          }
+          float act = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, dev::exp_ref(-gv))), uv);
+          act = __fmul_rn(a.route_w[p], act);
+          a.act[p * out + f] = dev::bf16_round(act);
+        }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t f = f0 + warp * 32 + mt * 16 + g + 8 * h;
+            if (f < out) a.y[p * out + f] = dev::bf16_round(acc[mt][nt][2 * h + c]);
+          }
+      }
+    }
+  }
+}
+
+// gate/up (kGateUp): rows 0..63 = w1 features f0.., rows 64..127 = w3 features f0..; output the
+// SwiGLU row into a.act. down: rows = w2 features f0..f0+127; output bf16 rows into a.y.
+// grid.x: feature tiles; grid.y: expert tiles (past *n_tiles: nothing to do). The tile's 8-pair
+// steps are rounded up to 1, 2, 4 or 8 (compile-time loop bounds).
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const MoeGroupedArgs a, const SortView v) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tile = static_cast<int>(blockIdx.y);
+  if (tile >= *v.n_tiles) return;
+  const int e = v.tile_expert[tile], r0 = v.tile_start[tile];
+  const int rows = min(kBP, v.offs[e + 1] - r0);
+  int32_t* s_pair = reinterpret_cast<int32_t*>(smem + kStages * kStageBytes);
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < kBP) s_pair[tid] = tid < rows ? v.perm[r0 + tid] : 0;
+  __syncthreads();
+  if (rows <= 8) gemm_tile<kGateUp, 1>(a, smem, s_pair, e, rows);
+  else if (rows <= 16) gemm_tile<kGateUp, 2>(a, smem, s_pair, e, rows);
+  else if (rows <= 32) gemm_tile<kGateUp, 4>(a, smem, s_pair, e, rows);
+  else gemm_tile<kGateUp, 8>(a, smem, s_pair, e, rows);
+}
+
+// Rows of pairs without a bank expert are zero (the combine adds them; TP ranks all-reduce them).
+__global__ void zero_skipped_rows_kernel(const int32_t* ids, int64_t pairs, int n_experts, float* y, int64_t dim) {
+  for (int64_t p = blockIdx.x; p < pairs; p += gridDim.x) {
+    const int e = ids[p];
+    if (e >= 0 && e < n_experts) continue;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) y[p * dim + i] = 0.0f;
+  }
+}
+
+}  // namespace
+
+namespace raw {
+cudaError_t moe_grouped(const MoeGroupedArgs& a, cudaStream_t s) {
+  const int64_t pairs = a.n * a.top_k;
+  if (pairs == 0) return cudaSuccess;
+  const int E = static_cast<int>(a.w1.n_experts);
+  const int64_t dim = a.w1.in, inter = a.w1.out, T = moe_grouped_max_tiles(pairs, E);
+  SortView v;
+  v.offs = a.sort;
+  v.n_tiles = a.sort + E + 1;
+  v.tile_expert = v.n_tiles + 1;
+  v.tile_start = v.tile_expert + T;
+  v.perm = v.tile_start + T;
+  moe_bucket_kernel<<<1, kBucketThreads, 0, s>>>(a.expert_ids, static_cast<int>(pairs), E, v);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  err = allow_dynamic_smem<moe_gemm_kernel<true>>(kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid_gu(static_cast<unsigned>((inter + kRowsA / 2 - 1) / (kRowsA / 2)), static_cast<unsigned>(T));
+  moe_gemm_kernel<true><<<grid_gu, kThreads, kSmemBytes, s>>>(a, v);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  ActQuantArgs q;
+  q.x = a.act;
+  q.rows = pairs;
+  q.k = inter;
+  q.x_stride = inter;
+  q.codes = a.act_codes;
+  q.scales = a.act_scales;
+  err = act_quant8(q, s);
+  if (err != cudaSuccess) return err;
+
+  err = allow_dynamic_smem<moe_gemm_kernel<false>>(kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid_down(static_cast<unsigned>((dim + kRowsA - 1) / kRowsA), static_cast<unsigned>(T));
+  moe_gemm_kernel<false><<<grid_down, kThreads, kSmemBytes, s>>>(a, v);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  zero_skipped_rows_kernel<<<static_cast<unsigned>(pairs < 4096 ? pairs : 4096), 256, 0, s>>>(a.expert_ids, pairs, E,
+                                                                                              a.y, dim);
+  return cudaGetLastError();
+}
+}  // namespace raw
+
+}  // namespace dsv41::ops::gpu

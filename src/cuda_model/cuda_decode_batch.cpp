@@ -1,0 +1,394 @@
+// Batched decode on the CUDA backend: the one-token decode steps of several sequences in one pass
+// (DecodeBatch, cuda_impl.h), so a step of B sequences reads every weight once instead of B times.
+//
+// Exactness: every op of the pass is row-wise (embedding, Engram, mHC mix/collapse/expand, norms,
+// RoPE with per-row positions, QDQ, the FP8/FP4/dense linears, router and experts, head), and
+// each row's arithmetic there does not depend on the other rows, so a row comes out bit for bit as
+// in its sequence's own decode pass. What belongs to one sequence runs against that sequence's
+// state: its window-ring slot, its compressor step, its indexer over its own keys (one launch
+// each, then one download and the host top-k in the CPU engine's tie order), its candidate masks,
+// and its attention list; sparse attention takes per-query pools (each row's ring and compressed
+// KV) and runs once over consecutive rows whose lists have the same length (the list length sets
+// the kernel's chunking, so rows of other lengths run in their own launch). The mHC mixes use the
+// arithmetic of a one-row decode call for every row (see block_forward).
+//
+// Host synchronisations per pass (what a CUDA graph of the step would have to move to the device
+// first): one per Engram layer (its table rows are staged through host memory), one per indexer
+// layer (the top-k runs on the host), the final one; under tensor parallelism one per collective.
+#include "cuda_model/cuda_dspark.h"
+#include "cuda_model/cuda_impl.h"
+
+#if DSV41_HAS_CUDA
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "dsv41/common/error.h"
+#include "dsv41/common/parallel.h"
+#include "model/ops/topk.h"
+
+namespace dsv41::model::cuda {
+namespace gpu = ops::gpu;
+
+namespace {
+
+// The EXL3 GEMM and grouped MoE take their int8 path (MUL1 codebook) up to this many rows and the
+// f16 path up to 8: within it a row's result does not depend on the row count.
+constexpr int64_t kExl3SameBatchRows = 4;
+
+bool is_decode_step(const ForwardItem& it) {
+  const SeqState& st = *it.state;
+  return it.tokens.size() == 1 && st.n_past > 0 && st.n_past >= st.prompt_len;
+}
+
+// Calls f(begin, end) for each maximal run of consecutive indices in [0, n) with equal key(i).
+template <class Key, class F>
+void for_each_run(int64_t n, Key&& key, F&& f) {
+  for (int64_t i0 = 0; i0 < n;) {
+    int64_t i1 = i0 + 1;
+    while (i1 < n && key(i1) == key(i0)) ++i1;
+    f(i0, i1);
+    i0 = i1;
+  }
+}
+
+}  // namespace
+
+int64_t Impl::max_decode_batch() const {
+  return weight_bytes_exl3 > 0 ? std::min(sc.m, kExl3SameBatchRows) : sc.m;
+}
+
+void Impl::forward_items(std::span<ForwardItem> items) {
+  // A state named twice must see its items in order: those items run alone, as before.
+  std::unordered_map<const SeqState*, int> uses;
+  for (const ForwardItem& it : items) ++uses[it.state];
+  std::vector<ForwardItem*> steps;
+  for (ForwardItem& it : items)
+    if (is_decode_step(it) && uses[it.state] == 1) steps.push_back(&it);
+  if (steps.size() < 2) steps.clear();
+  for (ForwardItem& it : items) {
+    if (std::find(steps.begin(), steps.end(), &it) != steps.end()) continue;
+    forward(state_of(*it.state), it.tokens.data(), static_cast<int64_t>(it.tokens.size()), it.all_logits, it.logits,
+            nullptr);
+  }
+  // The steps in passes of at most max_decode_batch() rows, split evenly.
+  const int64_t total = static_cast<int64_t>(steps.size()), most = std::max<int64_t>(1, max_decode_batch());
+  const int64_t passes = (total + most - 1) / most;
+  for (int64_t k = 0, i0 = 0; k < passes; ++k) {
+    const int64_t cnt = (total - i0) / (passes - k);
+    if (cnt == 1) {
+      ForwardItem& it = *steps[static_cast<size_t>(i0)];
+      forward(state_of(*it.state), it.tokens.data(), 1, it.all_logits, it.logits, nullptr);
+    } else {
+      forward_decode_batch(std::span<ForwardItem* const>(steps).subspan(static_cast<size_t>(i0), static_cast<size_t>(cnt)));
+    }
+    i0 += cnt;
+  }
+}
+
+void Impl::forward_decode_batch(std::span<ForwardItem* const> items) {
+  const int64_t n = static_cast<int64_t>(items.size()), V = cfg.vocab_size;
+  DSV_ASSERT(n >= 1 && n <= sc.m, "batched decode of {} rows in a scratch of {}", n, sc.m);
+  DecodeBatch db;
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>*> logits;
+  // Every item is checked before anything runs.
+  for (ForwardItem* it : items) {
+    CudaSeqState& st = state_of(*it->state);
+    DSV_ASSERT(is_decode_step(*it), "batched decode: an item that is not a one-token decode step");
+    check_tokens(st, it->tokens.data(), 1);
+    DSV_ASSERT(std::find(db.seqs.begin(), db.seqs.end(), &st) == db.seqs.end(), "batched decode: a state twice");
+    db.seqs.push_back(&st);
+    db.pos.push_back(st.n_past);
+    tokens.push_back(it->tokens[0]);
+    logits.push_back(it->logits);
+  }
+  for (std::vector<float>* l : logits)
+    if (l) l->assign(static_cast<size_t>(V), 0.0f);
+  run_decode_pass(db, tokens.data(), logits);
+}
+
+void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std::vector<float>* const> logits) {
+  const ModelConfig& c = cfg;
+  const int64_t n = db.rows(), V = c.vocab_size, N = c.engram_max_ngram_size, layers = c.num_hidden_layers;
+  db.shared.assign(static_cast<size_t>(n), {});
+  db.topk_off.assign(static_cast<size_t>(n), 0);
+
+  // ---- Engram: row t's n-gram window is its token, then its own sequence's history ----
+  EngramPass eng = engram_prepare(n, [&](int64_t t, int64_t* hist) {
+    const std::vector<int64_t>& h = db.seqs[static_cast<size_t>(t)]->engram_history;
+    const int64_t hlen = static_cast<int64_t>(h.size());
+    for (int64_t k = 0; k < N; ++k)
+      hist[k] = k == 0 ? token_map[static_cast<size_t>(tokens[t])] : k <= hlen ? h[static_cast<size_t>(hlen - k)] : -1;
+  });
+
+  // ---- the rows' positions and, per layer, their attention pools (one upload each) ----
+  gpu::check_cuda(cudaMemcpyAsync(sc.positions, db.pos.data(), static_cast<size_t>(n) * 8, cudaMemcpyHostToDevice,
+                                  stream),
+                  "positions upload");
+  std::vector<const uint16_t*> pools(static_cast<size_t>(layers * 2 * n), nullptr);
+  for (int64_t L = 0; L < layers; ++L) {
+    const int64_t src = blocks[static_cast<size_t>(L)].ratio > 0 ? c.kv_source_for(L) : -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const CudaSeqState& st = *db.seqs[static_cast<size_t>(i)];
+      pools[static_cast<size_t>((L * 2) * n + i)] = st.ring[static_cast<size_t>(L)].as<uint16_t>();
+      if (src >= 0) pools[static_cast<size_t>((L * 2 + 1) * n + i)] = st.kv[static_cast<size_t>(src)].compressed.as<uint16_t>();
+    }
+  }
+  gpu::check_cuda(cudaMemcpyAsync(sc.batch_pools, pools.data(), pools.size() * sizeof(void*), cudaMemcpyHostToDevice,
+                                  stream),
+                  "attention pools upload");
+
+  embed_rows(tokens, n);
+  const Pass p{0, n, 0, true};
+  for (int64_t L = 0; L < layers; ++L) {
+    const GpuBlock& b = blocks[static_cast<size_t>(L)];
+    if (b.has_engram) {
+      const auto e = static_cast<size_t>(b.engram_index);
+      engram(b, *eng.fetch[e], eng.rows[e], n);
+    }
+    if (dspark) dspark_capture_tap(*this, L, n);
+    block_forward(b, p, [&] { attention_batch(b, db); });
+  }
+
+  // ---- head over every row when any item wants logits (one read of the head) ----
+  if (std::any_of(logits.begin(), logits.end(), [](const std::vector<float>* l) { return l != nullptr; })) {
+    final_rows(0, n);
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<float>* l = logits[static_cast<size_t>(i)];
+      if (!l) continue;
+      gpu::check_cuda(cudaMemcpyAsync(l->data(), sc.logits + i * V, static_cast<size_t>(V) * 4, cudaMemcpyDeviceToHost,
+                                      stream),
+                      "logits download");
+    }
+  }
+  if (dspark) dspark_feed_rings_batch(*this, db);
+  gpu::check_cuda(cudaStreamSynchronize(stream), "batched decode");
+
+  for (int64_t i = 0; i < n; ++i) {
+    CudaSeqState& st = *db.seqs[static_cast<size_t>(i)];
+    engram_push_history(st, tokens + i, 1);
+    st.n_past = db.pos[static_cast<size_t>(i)] + 1;
+  }
+}
+
+// CSA2 attention of one layer for the batch's rows (Impl::attention's decode path, row by row
+// where the state is the sequence's).
+void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db) {
+  const ModelConfig& c = cfg;
+  const int64_t n = db.rows(), L = b.layer;
+  const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim;
+  const int64_t win = c.sliding_window, qlr = c.q_lora_rank;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  auto seq = [&](int64_t i) -> CudaSeqState& { return *db.seqs[static_cast<size_t>(i)]; };
+  auto pos = [&](int64_t i) { return db.pos[static_cast<size_t>(i)]; };
+  auto rope = [&](float* v, int64_t vecs, int64_t vec_stride, int64_t row_stride, bool inverse) {
+    gpu::RopeArgs r;
+    r.v = v;
+    r.rows = n;
+    r.vecs = vecs;
+    r.vec_stride = vec_stride;
+    r.row_stride = row_stride;
+    r.freqs = b.freqs.as<float>();
+    r.rope_dim = rd;
+    r.positions = sc.positions;
+    r.inverse = inverse;
+    gpu::rope(r, stream);
+  };
+
+  // ---- q, window kv: row-wise; each row into its own ring slot ----
+  linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true);
+  gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
+  gpu::rms_norm(qn, stream);
+  const int64_t Hl = b.n_heads;
+  linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true);
+  linear(b.wkv, sc.x, dim, n, sc.kv, hd, true);
+  rope(sc.q + hd - rd, Hl, hd, Hl * hd, false);
+  gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
+  gpu::rms_norm(kn, stream);
+  rope(sc.kv + hd - rd, 1, hd, hd, false);
+  gpu::QdqArgs q8{sc.kv, n, hd, hd, gpu::QdqKind::Q8};
+  gpu::qdq(q8, stream);
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t* ring = seq(i).ring[static_cast<size_t>(L)].as<uint16_t>();
+    gpu::StoreBf16Args s{sc.kv + i * hd, 1, hd, hd, ring + (pos(i) % win) * hd, hd};
+    gpu::store_bf16(s, stream);
+  }
+
+  // ---- compressed KV and top-k ----
+  const int64_t ratio = b.ratio;
+  std::vector<int64_t> topk_len(static_cast<size_t>(n), 0), n_entries(static_cast<size_t>(n), 0);
+  if (ratio > 0) {
+    if (b.has_compressor) {
+      gpu::CompressorWeights w = compressor_weights(b);
+      if (b.c_wkv_lin.loaded()) {  // EXL3 projections, row-wise, before the per-sequence steps
+        if (ratio == 1) {
+          linear(b.c_wkv_lin, sc.x, dim, n, sc.c_latent, hd, true);
+        } else {
+          linear(b.c_wkv_lin, sc.x, dim, n, sc.c_a, hd, false);
+          linear(b.c_wgate_lin, sc.x, dim, n, sc.c_g, hd, false);
+        }
+        w.projected = true;
+      }
+      const int64_t work = std::max(hd, c.index_head_dim);
+      for (int64_t i = 0; i < n; ++i) {
+        CudaSeqState& st = seq(i);
+        GpuKvSource& ks = st.kv[static_cast<size_t>(L)];
+        gpu::CompressorState cs;
+        cs.carry_kv = ks.carry_kv.as<float>();
+        cs.carry_score = ks.carry_score.as<float>();
+        cs.compressed = ks.compressed.as<uint16_t>();
+        cs.index_keys = b.has_index_keys ? ks.index_keys.as<uint16_t>() : nullptr;
+        cs.capacity = ks.capacity;
+        cs.n_entries = ks.n_entries;
+        // Row i's slice of the compressor scratch (its projections when EXL3 ran them above).
+        gpu::CompressorScratch cw{sc.c_a + i * hd, sc.c_g + i * hd, sc.c_latent + i * hd, sc.c_work + i * work, 1};
+        const int64_t groups = gpu::compressor_step(w, cs, cw, sc.x + i * dim, 1, pos(i), stream);
+        ks.n_entries = cs.n_entries;
+        if (groups > 0 && b.has_index_keys) st.last_key_publisher = L;
+      }
+    }
+
+    if (b.has_indexer) {
+      // Score columns of row i: its own positions' compressed entries; packed [row][T_i].
+      std::vector<int64_t> T(static_cast<size_t>(n)), soff(static_cast<size_t>(n)), k_row(static_cast<size_t>(n), 0);
+      int64_t total = 0, kept = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const auto u = static_cast<size_t>(i);
+        T[u] = (pos(i) + 1) / ratio;
+        DSV_ASSERT(T[u] <= sc.t_max, "indexer: {} score columns exceed the scratch's {}", T[u], sc.t_max);
+        soff[u] = total;
+        total += T[u];
+        k_row[u] = T[u] > 0 ? std::min(c.index_topk, T[u]) : 0;
+        db.topk_off[u] = kept;
+        kept += k_row[u];
+        db.shared[u].topk_len = 0;
+      }
+      if (total > 0) {
+        const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
+        linear(b.i_wq_b, sc.qr, qlr, n, sc.qi, IH * ID, true);
+        rope(sc.qi + ID - rd, IH, ID, IH * ID, false);
+        gpu::QdqArgs q4{sc.qi, n * IH, ID, ID, gpu::QdqKind::Q4a};
+        gpu::qdq(q4, stream);
+        linear(b.i_weights_proj, sc.x, dim, n, sc.iw, IH, true);
+        const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
+                                                std::pow(static_cast<double>(IH), -0.5));
+        gpu::ScaleRoundArgs sr{sc.iw, n, IH, IH, wscale};
+        gpu::scale_round(sr, stream);
+        for (int64_t i = 0; i < n; ++i) {
+          const auto u = static_cast<size_t>(i);
+          if (T[u] == 0) continue;
+          const CudaSeqState& st = seq(i);
+          int64_t key_src = c.kv_source_for(L);
+          if (!opts.corrected_index_keys && st.last_key_publisher >= 0) key_src = st.last_key_publisher;
+          DSV_CHECK(key_src >= 0, "layer {}: index source without a KV source", L);
+          const GpuKvSource& keys = st.kv[static_cast<size_t>(key_src)];
+          const bool key_rows = blocks[static_cast<size_t>(key_src)].has_index_keys;
+          gpu::IndexerArgs ia;
+          ia.qi = sc.qi + i * IH * ID;
+          ia.w = sc.iw + i * IH;
+          ia.keys = key_rows ? keys.index_keys.as<uint16_t>() : nullptr;
+          ia.n_keys = key_rows ? keys.n_entries : 0;
+          ia.n = 1;
+          ia.heads = IH;
+          ia.head_dim = ID;
+          ia.T = T[u];
+          ia.start = pos(i);
+          ia.ratio = ratio;
+          ia.scores = sc.scores + soff[u];
+          gpu::indexer_scores(ia, stream);
+        }
+
+        // ---- candidate blocks and top-k on the host, every row's in one round trip ----
+        const bool is_cand_src = L == c.candidate_source_layer_id;
+        const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < L;
+        float* scores = scores_host.data();
+        gpu::check_cuda(cudaMemcpyAsync(scores, sc.scores, static_cast<size_t>(total) * 4, cudaMemcpyDeviceToHost, stream),
+                        "index scores download");
+        gpu::check_cuda(cudaStreamSynchronize(stream), "index scores");
+        int32_t* sel_out = topk_host.data();
+        parallel_for(n, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const auto u = static_cast<size_t>(i);
+            if (T[u] == 0) continue;
+            PassShared& shared = db.shared[u];
+            std::vector<float> row(scores + soff[u], scores + soff[u] + T[u]);
+            const int64_t n_vis = (pos(i) + 1) / ratio, k = k_row[u];
+            if (is_cand_src) {
+              shared.candidates.assign(1, candidate_mask(row, n_vis, c.candidate_topk_blocks, c.candidate_block_size));
+              shared.has_candidates = true;
+            } else if (uses_cand && shared.has_candidates && !shared.candidates[0].empty()) {
+              const auto& m = shared.candidates[0];
+              for (int64_t e = 0; e < T[u] && e < static_cast<int64_t>(m.size()); ++e)
+                if (!m[static_cast<size_t>(e)]) row[static_cast<size_t>(e)] = -INFINITY;
+            }
+            std::vector<int32_t> sel = topk_sorted(row, k);
+            int32_t* o = sel_out + db.topk_off[u];
+            for (int64_t j = 0; j < k; ++j) o[j] = sel[static_cast<size_t>(j)] >= n_vis ? -1 : sel[static_cast<size_t>(j)];
+          }
+        });
+        gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(kept) * 4, cudaMemcpyHostToDevice, stream),
+                        "top-k upload");
+        for (int64_t i = 0; i < n; ++i) db.shared[static_cast<size_t>(i)].topk_len = k_row[static_cast<size_t>(i)];
+      }
+    }
+    const int64_t src = c.kv_source_for(L);
+    DSV_CHECK(src >= 0, "layer {}: compress ratio {} but no KV source at or below it", L, ratio);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto u = static_cast<size_t>(i);
+      DSV_CHECK(db.shared[u].topk_len >= 0, "layer {}: no index source has run before it", L);
+      topk_len[u] = db.shared[u].topk_len;
+      n_entries[u] = seq(i).kv[static_cast<size_t>(src)].n_entries;
+    }
+  }
+
+  // ---- index lists: row i's ring slots oldest first, then its selections; packed [row][win + k_i] ----
+  std::vector<int64_t> loff(static_cast<size_t>(n));
+  for (int64_t i = 0, off = 0; i < n; ++i) {
+    loff[static_cast<size_t>(i)] = off;
+    off += win + topk_len[static_cast<size_t>(i)];
+  }
+  auto k_of = [&](int64_t i) { return topk_len[static_cast<size_t>(i)]; };
+  for_each_run(
+      n, [&](int64_t i) { return std::make_pair(k_of(i), n_entries[static_cast<size_t>(i)]); },
+      [&](int64_t i0, int64_t i1) {
+        gpu::AttnListArgs la;
+        la.list = sc.list + loff[static_cast<size_t>(i0)];
+        la.n = i1 - i0;
+        la.win = win;
+        la.win_len = win;
+        la.decode = true;
+        la.positions = sc.positions + i0;
+        la.start = pos(i0);
+        la.split = win;
+        la.topk = k_of(i0) > 0 ? sc.topk + db.topk_off[static_cast<size_t>(i0)] : nullptr;
+        la.topk_len = k_of(i0);
+        la.n_entries = n_entries[static_cast<size_t>(i0)];
+        gpu::attn_lists(la, stream);
+      });
+
+  // ---- sparse attention over each run of equal list length, inverse RoPE, output ----
+  const uint16_t* const* pool_a = sc.batch_pools + (L * 2) * n;
+  const uint16_t* const* pool_b = sc.batch_pools + (L * 2 + 1) * n;
+  for_each_run(n, k_of, [&](int64_t i0, int64_t i1) {
+    gpu::SparseAttnArgs sa;
+    sa.q = sc.q + i0 * Hl * hd;
+    sa.list = sc.list + loff[static_cast<size_t>(i0)];
+    sa.list_len = win + k_of(i0);
+    sa.pool_a = pool_a + i0;
+    sa.pool_b = pool_b + i0;
+    sa.split = win;
+    sa.sink = b.sink.as<float>();
+    sa.scale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5));
+    sa.n_q = i1 - i0;
+    sa.heads = Hl;
+    sa.d = hd;
+    sa.out = sc.o + i0 * Hl * hd;
+    gpu::sparse_attention_decode(sa, stream);
+  });
+  rope(sc.o + hd - rd, Hl, hd, Hl * hd, true);
+  attn_output(b, n);
+}
+
+}  // namespace dsv41::model::cuda
+#endif

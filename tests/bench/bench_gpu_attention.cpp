@@ -1,0 +1,257 @@
+// CSA2 attention kernels at the real shapes (configs/deepseek-v4.1-flash.json): sparse attention
+// with sink (window + index_topk rows of head_dim bf16 values per query, all heads) and the indexer
+// scores (index_n_heads x index_head_dim queries against every visible index key), each timed as
+// the kernel the engine used before this change and as the one it uses now, at m = 1, 2, 4 queries
+// (decode, one sequence each) and at the prefill pass size 256. Inputs rotate through enough
+// distinct buffers that the 60 MB L2 cannot serve repeated calls. Every case checks its output: the
+// new kernel against the previous one bit for bit, and once (m = 1) against the CPU reference.
+//
+// Usage: bench_gpu_attention            (prints one line per case)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "model/ops/dot.h"
+#include "model/ops/quant.h"
+#include "model/ops/sparse_attn.h"
+
+namespace {
+
+using namespace dsv41;
+using dsv41::test::DeviceBuffer;
+namespace gpu = dsv41::ops::gpu;
+
+constexpr double kCopyCeiling = 4.3e12;  // H200 device copy, bytes/s
+constexpr size_t kRotateBytes = size_t{160} << 20;
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "bench_gpu_attention: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+int g_failures = 0;
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::printf("  CHECK FAILED: %s\n", what.c_str());
+    ++g_failures;
+  }
+}
+
+// Mean µs per call of launch(i) over calls cycling through `instances`; the repetition count
+// adapts so that slow kernels take about a fifth of a second.
+double time_calls(const std::function<void(int)>& launch, int instances) {
+  cudaEvent_t a, b;
+  ck(cudaEventCreate(&a), "event");
+  ck(cudaEventCreate(&b), "event");
+  launch(0);
+  ck(cudaDeviceSynchronize(), "warm-up");
+  cudaEventRecord(a);
+  launch(1 % instances);
+  cudaEventRecord(b);
+  ck(cudaEventSynchronize(b), "probe");
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, a, b);
+  const int reps = std::clamp(static_cast<int>(200.0 / std::max(ms, 1e-3f)), 3, 200);
+  cudaEventRecord(a);
+  for (int r = 0; r < reps; ++r) launch(r % instances);
+  cudaEventRecord(b);
+  ck(cudaEventSynchronize(b), "timed calls");
+  cudaEventElapsedTime(&ms, a, b);
+  ck(cudaGetLastError(), "launches");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 1000.0 * ms / reps;
+}
+
+void report(const char* op, const std::string& shape, const char* kernel, double us, double bytes) {
+  const double gbs = bytes / (us * 1e-6) / 1e9;
+  std::printf("%-12s %-34s %-7s %9.1f us/call %8.1f GB/s %6.2f %% of 4.3 TB/s\n", op, shape.c_str(), kernel, us, gbs,
+              100.0 * gbs * 1e9 / kCopyCeiling);
+}
+
+// Random bf16 bits (normal, sd 1) filling n values quickly: a table of 4096 values indexed by a
+// xorshift stream.
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float sd = 1.0f) {
+  test::Rng rng(seed);
+  std::vector<uint16_t> table(4096);
+  for (auto& v : table) v = f32_to_bf16_bits(bf16_round(rng.normal(sd)));
+  std::vector<uint16_t> out(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& v : out) {
+    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+    v = table[(s * 2685821657736338717ull) >> 52];
+  }
+  return out;
+}
+
+// ---- sparse attention --------------------------------------------------------------------------
+void bench_sparse_attn(const ModelConfig& c, int64_t m) {
+  const int64_t H = c.num_attention_heads, d = c.head_dim, win = c.sliding_window, L = win + c.index_topk;
+  const std::string shape = "m=" + std::to_string(m) + " H=" + std::to_string(H) + " d=" + std::to_string(d) +
+                            " rows=" + std::to_string(L);
+  // Query t of an instance owns L rows; its list names them in order (window rows from pool_a, the
+  // rest from pool_b) with every ninth entry of the selection empty (-1), as early decode steps have.
+  const size_t inst_rows = static_cast<size_t>(m * L), inst_bytes = inst_rows * d * 2;
+  const int instances = static_cast<int>(std::clamp<size_t>(kRotateBytes / inst_bytes, 1, 256));
+  std::vector<uint16_t> rows_host = random_bf16(inst_rows * d * instances, 7 + m);
+  DeviceBuffer rows = DeviceBuffer::from(rows_host);
+  std::vector<const uint16_t*> pa, pb;
+  for (int i = 0; i < instances; ++i)
+    for (int64_t t = 0; t < m; ++t) {
+      const uint16_t* base = rows.as<uint16_t>() + (static_cast<size_t>(i) * inst_rows + t * L) * d;
+      pa.push_back(base);
+      pb.push_back(base + win * d);
+    }
+  DeviceBuffer dpa = DeviceBuffer::from(pa), dpb = DeviceBuffer::from(pb);
+  std::vector<int32_t> list(static_cast<size_t>(m * L));
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t j = 0; j < L; ++j) list[t * L + j] = (j >= win && j % 9 == 4) ? -1 : static_cast<int32_t>(j);
+  test::Rng rng(3);
+  std::vector<float> q = rng.bf16_vec(static_cast<size_t>(m * H * d)), sink = rng.f32_vec(static_cast<size_t>(H));
+  DeviceBuffer dq = DeviceBuffer::from(q), dsink = DeviceBuffer::from(sink), dlist = DeviceBuffer::from(list);
+  DeviceBuffer out_new(static_cast<size_t>(m * H * d) * 4), out_old(static_cast<size_t>(m * H * d) * 4);
+  const float scale = static_cast<float>(std::pow(static_cast<double>(d), -0.5));
+  auto args = [&](int i, float* out) {
+    gpu::SparseAttnArgs a;
+    a.q = dq.as<float>();
+    a.list = dlist.as<int32_t>();
+    a.list_len = L;
+    a.pool_a = dpa.as<const uint16_t*>() + static_cast<size_t>(i) * m;
+    a.pool_b = dpb.as<const uint16_t*>() + static_cast<size_t>(i) * m;
+    a.split = win;
+    a.sink = dsink.as<float>();
+    a.scale = scale;
+    a.n_q = m;
+    a.heads = H;
+    a.d = d;
+    a.out = out;
+    return a;
+  };
+  // Before: the call site's choice (one head per block for one query, kPrefillHeads otherwise).
+  const int hpb = m == 1 ? 1 : gpu::kPrefillHeads;
+  auto old_call = [&](int i) { ck(gpu::raw::sparse_attention_rows(args(i, out_old.as<float>()), hpb, nullptr), "rows kernel"); };
+  auto new_call = [&](int i) { ck(gpu::raw::sparse_attention(args(i, out_new.as<float>()), hpb, nullptr), "sparse_attention"); };
+  old_call(0);
+  new_call(0);
+  ck(cudaDeviceSynchronize(), "sparse attention");
+  std::vector<float> got(static_cast<size_t>(m * H * d)), prev(got.size());
+  out_new.download(got.data(), got.size() * 4);
+  out_old.download(prev.data(), prev.size() * 4);
+  check(std::memcmp(got.data(), prev.data(), got.size() * 4) == 0, "sparse_attn " + shape + ": new kernel differs from the rows kernel");
+  if (m == 1) {
+    std::vector<float> pool(static_cast<size_t>(L * d)), want(static_cast<size_t>(H * d));
+    for (size_t i = 0; i < pool.size(); ++i) pool[i] = bf16_bits_to_f32(rows_host[i]);
+    std::vector<const float*> rp;
+    for (int64_t j = 0; j < L; ++j) rp.push_back(list[j] < 0 ? nullptr : &pool[list[j] * d]);
+    model::sparse_attention(q.data(), rp, sink.data(), scale, H, d, want.data());
+    const test::Compare cmp = test::compare(got, want);
+    std::printf("sparse_attn  %-34s vs CPU reference: nmse=%.3e exact=%zu/%zu\n", shape.c_str(), cmp.nmse, cmp.exact, cmp.total);
+    check(cmp.mismatched_nonfinite == 0 && cmp.nmse <= test::kNmseBf16, "sparse_attn " + shape + " vs CPU reference");
+  }
+  const double bytes = static_cast<double>(inst_bytes) + 2.0 * m * H * d * 4 + m * L * 4;
+  report("sparse_attn", shape, "before", time_calls(old_call, instances), bytes);
+  report("sparse_attn", shape, "after", time_calls(new_call, instances), bytes);
+}
+
+// ---- indexer scores ----------------------------------------------------------------------------
+void bench_indexer(const ModelConfig& c, int64_t m, int64_t T) {
+  const int64_t IH = c.index_n_heads, ID = c.index_head_dim, ratio = 2;
+  // Decode: the query at the last position sees all T entries; prefill: a pass of m rows ending there.
+  const int64_t start = ratio * T - m;
+  const std::string shape = "m=" + std::to_string(m) + " IH=" + std::to_string(IH) + " ID=" + std::to_string(ID) +
+                            " keys=" + std::to_string(T);
+  const size_t key_bytes = static_cast<size_t>(T * ID) * 2;
+  const int instances = static_cast<int>(std::clamp<size_t>(kRotateBytes / key_bytes, 1, 256));
+  std::vector<uint16_t> keys_host = random_bf16(static_cast<size_t>(T * ID) * instances, 20 + m);
+  DeviceBuffer keys = DeviceBuffer::from(keys_host);
+  test::Rng rng(5);
+  std::vector<float> qi = rng.bf16_vec(static_cast<size_t>(m * IH * ID));
+  for (int64_t r = 0; r < m * IH; ++r) model::qdq4a_inplace(&qi[r * ID], ID);
+  std::vector<float> w = rng.bf16_vec(static_cast<size_t>(m * IH), 0.1f);
+  DeviceBuffer dq = DeviceBuffer::from(qi), dw = DeviceBuffer::from(w);
+  DeviceBuffer s_new(static_cast<size_t>(m * T) * 4), s_old(static_cast<size_t>(m * T) * 4);
+  auto args = [&](int i, float* scores) {
+    gpu::IndexerArgs a;
+    a.qi = dq.as<float>();
+    a.w = dw.as<float>();
+    a.keys = keys.as<uint16_t>() + static_cast<size_t>(i) * T * ID;
+    a.n_keys = T;
+    a.n = m;
+    a.heads = IH;
+    a.head_dim = ID;
+    a.T = T;
+    a.start = start;
+    a.ratio = ratio;
+    a.scores = scores;
+    return a;
+  };
+  auto old_call = [&](int i) { ck(gpu::raw::indexer_scores_warp(args(i, s_old.as<float>()), nullptr), "warp indexer"); };
+  auto new_call = [&](int i) { ck(gpu::raw::indexer_scores(args(i, s_new.as<float>()), nullptr), "indexer_scores"); };
+  old_call(0);
+  new_call(0);
+  ck(cudaDeviceSynchronize(), "indexer");
+  std::vector<float> got(static_cast<size_t>(m * T)), prev(got.size());
+  s_new.download(got.data(), got.size() * 4);
+  s_old.download(prev.data(), prev.size() * 4);
+  check(std::memcmp(got.data(), prev.data(), got.size() * 4) == 0, "indexer " + shape + ": new kernel differs from the warp kernel");
+  if (m == 1) {  // the CPU engine's loop (attention.cpp) for the one query
+    const int64_t n_vis = (start + 1) / ratio;
+    size_t bad = 0;
+    for (int64_t u = 0; u < T; ++u) {
+      float want = -std::numeric_limits<float>::infinity();
+      if (u < n_vis) {
+        std::vector<float> key(static_cast<size_t>(ID));
+        for (int64_t k = 0; k < ID; ++k) key[k] = bf16_bits_to_f32(keys_host[u * ID + k]);
+        float acc = 0.0f;
+        for (int64_t h = 0; h < IH; ++h) {
+          const float r = std::max(bf16_round(model::gemm_dot_f32(&qi[h * ID], key.data(), ID)), 0.0f);
+          acc += bf16_round(r * w[h]);
+        }
+        want = bf16_round(acc);
+      }
+      if (std::memcmp(&want, &got[u], 4) != 0) ++bad;
+    }
+    std::printf("indexer      %-34s vs CPU reference: %zu/%lld differ\n", shape.c_str(), bad, static_cast<long long>(T));
+    check(bad == 0, "indexer " + shape + " vs CPU reference");
+  }
+  const double bytes = static_cast<double>(key_bytes) + m * IH * ID * 4.0 + m * IH * 4.0 + m * T * 4.0;
+  report("indexer", shape, "before", time_calls(old_call, instances), bytes);
+  report("indexer", shape, "after", time_calls(new_call, instances), bytes);
+}
+
+}  // namespace
+
+int main() {
+  try {
+    const ModelConfig c = load_model_config(std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json");
+    cudaDeviceProp prop{};
+    ck(cudaGetDeviceProperties(&prop, 0), "device properties");
+    std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    for (int64_t m : {1, 2, 4, 256}) bench_sparse_attn(c, m);
+    bench_indexer(c, 1, 2048);
+    bench_indexer(c, 1, 65536);
+    bench_indexer(c, 2, 65536);
+    bench_indexer(c, 4, 65536);
+    bench_indexer(c, 256, 4096);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_attention: %s\n", e.what());
+    return 1;
+  }
+  if (g_failures) {
+    std::printf("%d check(s) FAILED\n", g_failures);
+    return 1;
+  }
+  std::printf("all checks passed\n");
+  return 0;
+}

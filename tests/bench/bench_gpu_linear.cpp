@@ -1,0 +1,457 @@
+// Decode bandwidth of the exact linear kernels (issue 7) at the real shapes of
+// configs/deepseek-v4.1-flash.json: Lin8 (FP8 e4m3 + E8M0 32x32 blocks), the FP4 routed-expert bank
+// (Lin4 over (token, slot) pairs, gate/up and down), and the dense LinBF16/LinF32 linears (the head
+// is the biggest). Rows m = 1, 2, 4 (decode batches) and the prefill pass size 256.
+//
+// Every case rotates over copies of its weights (or, for the expert bank, over different expert
+// picks of the full bank) that together exceed the L2 several times, so each call reads HBM. It
+// prints µs/call, the bytes one call must read (weights + scales + activations + outputs), GB/s and
+// the share of the 4.3 TB/s copy ceiling; before timing, one call is compared bit for bit with the
+// CPU reference engine's own Linear (on a subset of rows / outputs where the full CPU product would
+// take long). Exit code 1 when any comparison fails.
+//
+// Usage: bench_gpu_linear [--quick]   (--quick: m = 1 only, fewer iterations)
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsv41/config/model_config.h"
+#include "dsv41/loader/checkpoint.h"
+#include "dsv41/loader/safetensors.h"
+#include "dsv41/ops/gpu_buffer.h"
+#include "dsv41/ops/gpu_ops.h"
+#include "model/linears.h"
+
+namespace {
+
+using namespace dsv41;
+namespace gpu = dsv41::ops::gpu;
+using gpu::DeviceBuffer;
+
+constexpr double kCopyGBs = 4300.0;
+constexpr size_t kRotateBytes = size_t{512} << 20;  // weights touched across the rotation (> 10x L2)
+
+int g_failures = 0;
+
+// Fast deterministic filler (xorshift64*): gigabytes of random codes in well under a second.
+struct Fast {
+  uint64_t s;
+  explicit Fast(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+    return s * 0x2545F4914F6CDD1Dull;
+  }
+  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
+};
+
+std::vector<uint8_t> e4m3_bytes(size_t n, uint64_t seed) {  // no NaN codes
+  std::vector<uint8_t> v(n);
+  Fast f(seed);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t r = f.next();
+    for (size_t j = 0; j < 8 && i + j < n; ++j, r >>= 8) {
+      uint8_t b = static_cast<uint8_t>(r);
+      if ((b & 0x7F) == 0x7F) b ^= 1;
+      v[i + j] = b;
+    }
+  }
+  return v;
+}
+std::vector<uint8_t> raw_bytes(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  Fast f(seed);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t r = f.next();
+    std::memcpy(v.data() + i, &r, std::min<size_t>(8, n - i));
+  }
+  return v;
+}
+std::vector<uint8_t> e8m0_bytes(size_t n, uint64_t seed) {  // 2^-9 .. 2^-1
+  std::vector<uint8_t> v(n);
+  Fast f(seed);
+  for (auto& b : v) b = static_cast<uint8_t>(118 + f.below(9));
+  return v;
+}
+std::vector<float> bf16_values(size_t n, uint64_t seed, int exp_lo = 120, int exp_span = 8) {
+  std::vector<float> v(n);
+  Fast f(seed);
+  for (auto& x : v) {
+    const uint64_t r = f.next();
+    const uint32_t bits = (static_cast<uint32_t>(r & 1) << 31) |
+                          (static_cast<uint32_t>(exp_lo + static_cast<int>((r >> 1) % exp_span)) << 23) |
+                          (static_cast<uint32_t>((r >> 8) & 0x7F) << 16);
+    std::memcpy(&x, &bits, 4);
+  }
+  return v;
+}
+std::vector<float> f32_values(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  Fast f(seed);
+  for (auto& x : v) {
+    const uint64_t r = f.next();
+    const uint32_t bits = (static_cast<uint32_t>(r & 1) << 31) | (static_cast<uint32_t>(118 + (r >> 1) % 8) << 23) |
+                          static_cast<uint32_t>((r >> 8) & 0x7FFFFF);
+    std::memcpy(&x, &bits, 4);
+  }
+  return v;
+}
+std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t u;
+    std::memcpy(&u, &v[i], 4);
+    o[i] = static_cast<uint16_t>(u >> 16);  // values are bf16 already
+  }
+  return o;
+}
+
+struct TempDir {
+  std::string dir;
+  TempDir() {
+    char tmpl[] = "/tmp/dsv41_bench_lin_XXXXXX";
+    const char* d = mkdtemp(tmpl);
+    if (!d) throw std::runtime_error("mkdtemp failed");
+    dir = d;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+struct QuantAct {
+  DeviceBuffer x, codes, scales;
+  QuantAct(const std::vector<float>& xv, int64_t rows, int64_t k)
+      : x(DeviceBuffer::from(xv)), codes(static_cast<size_t>(rows * k)), scales(static_cast<size_t>(rows * (k / 32)) * 4) {
+    gpu::ActQuantArgs a;
+    a.x = x.as<float>();
+    a.rows = rows;
+    a.k = k;
+    a.x_stride = k;
+    a.codes = codes.as<uint8_t>();
+    a.scales = scales.as<float>();
+    gpu::act_quant8(a, nullptr);
+  }
+};
+
+// Bitwise comparison of selected output rows; prints one line.
+void check_rows(const std::string& what, const std::vector<float>& got_all, int64_t stride, int64_t col0,
+                const std::vector<int64_t>& rows, const std::vector<float>& want, int64_t width) {
+  size_t bad = 0, total = 0;
+  double first_got = 0, first_want = 0;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t c = 0; c < width; ++c) {
+      const float g = got_all[static_cast<size_t>(rows[i] * stride + col0 + c)], w = want[i * width + c];
+      ++total;
+      if (std::memcmp(&g, &w, 4) != 0) {
+        if (!bad) first_got = g, first_want = w;
+        ++bad;
+      }
+    }
+  std::printf("  check %-40s %s (%zu/%zu bit-identical)", what.c_str(), bad ? "FAILED" : "ok", total - bad, total);
+  if (bad) std::printf(" first: got %.9g want %.9g", first_got, first_want);
+  std::printf("\n");
+  if (bad) ++g_failures;
+}
+
+// Rows of an m-row call compared against the CPU: all of them when few, else the first 6 and the last.
+std::vector<int64_t> checked_rows(int64_t m) {
+  std::vector<int64_t> r;
+  for (int64_t i = 0; i < std::min<int64_t>(m, 6); ++i) r.push_back(i);
+  if (m > 6) r.push_back(m - 1);
+  return r;
+}
+
+template <class F>
+double time_calls(F call, int iters) {
+  for (int i = 0; i < 3; ++i) call(i);
+  cudaDeviceSynchronize();
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a);
+  for (int i = 0; i < iters; ++i) call(i);
+  cudaEventRecord(b);
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  gpu::check_cuda(cudaGetLastError(), "bench launches");
+  return 1000.0 * ms / iters;
+}
+
+void report(const std::string& kernel, const std::string& shape, int64_t m, double us, double bytes) {
+  const double gbs = bytes / (us * 1e3);
+  std::printf("%-6s %-30s m=%-4lld %9.2f us/call %10.2f MB %8.1f GB/s %5.1f %% of copy\n", kernel.c_str(),
+              shape.c_str(), static_cast<long long>(m), us, bytes / 1e6, gbs, 100.0 * gbs / kCopyGBs);
+  std::fflush(stdout);
+}
+
+// ---- Lin8 -------------------------------------------------------------------------------------------
+void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vector<int64_t>& ms, int iters) {
+  const int64_t snb = (in + 31) / 32;
+  const size_t wbytes = static_cast<size_t>(in * out), sbytes = static_cast<size_t>(((out + 31) / 32) * snb);
+  const int copies = static_cast<int>(std::max<size_t>(1, (kRotateBytes + wbytes - 1) / wbytes));
+  const std::vector<uint8_t> codes = e4m3_bytes(wbytes, in * 7 + out);
+  const std::vector<uint8_t> scales = e8m0_bytes(sbytes, in + out * 3);
+  DeviceBuffer dw(wbytes * copies), ds(sbytes * copies);
+  for (int c = 0; c < copies; ++c) {
+    dw.upload(codes.data(), wbytes, wbytes * c);
+    ds.upload(scales.data(), sbytes, sbytes * c);
+  }
+  TempDir tmp;
+  SafetensorsWriter wr;
+  wr.add("w.weight", DType::F8_E4M3, {out, in}, codes);
+  wr.add("w.scale", DType::F8_E8M0, {(out + 31) / 32, snb}, scales);
+  wr.write(tmp.dir + "/w.safetensors");
+  auto ck = Checkpoint::open(tmp.dir);
+  auto lin = model::load_linear(*ck, "w", in, out);
+  for (int64_t m : ms) {
+    const std::vector<float> x = bf16_values(static_cast<size_t>(m * in), m * 31 + in, 124, 6);
+    QuantAct qa(x, m, in);
+    DeviceBuffer dy(static_cast<size_t>(m * out) * 4);
+    gpu::Lin8Args a;
+    a.x_codes = qa.codes.as<uint8_t>();
+    a.x_scales = qa.scales.as<float>();
+    a.m = m;
+    a.y = dy.as<float>();
+    a.y_stride = out;
+    auto call = [&](int i) {
+      const int c = i % copies;
+      a.w = {dw.as<uint8_t>() + wbytes * c, ds.as<uint8_t>() + sbytes * c, in, out};
+      gpu::lin8(a, nullptr);
+    };
+    call(0);
+    gpu::check_cuda(cudaDeviceSynchronize(), "lin8");
+    const std::vector<int64_t> rows = checked_rows(m);
+    std::vector<float> xs(rows.size() * in), want(rows.size() * out);
+    for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&x[rows[i] * in], in, &xs[i * in]);
+    model::linear_bf16(*lin, xs.data(), static_cast<int64_t>(rows.size()), want.data());
+    check_rows("lin8 " + name + " m=" + std::to_string(m), dy.to_host<float>(static_cast<size_t>(m * out)), out, 0,
+               rows, want, out);
+    const double us = time_calls(call, iters);
+    report("lin8", name + " " + std::to_string(out) + "x" + std::to_string(in), m, us,
+           double(wbytes + sbytes) + double(m * in) * 1.125 + double(m * out) * 4);
+  }
+}
+
+// ---- Lin4 expert bank ---------------------------------------------------------------------------------
+// The routed experts of n_tok tokens: top_k distinct experts per token (as the router picks them),
+// drawn afresh for every call so that consecutive calls read other experts.
+std::vector<int32_t> route(int64_t n_tok, int64_t top_k, int64_t n_experts, Fast& f) {
+  std::vector<int32_t> ids(static_cast<size_t>(n_tok * top_k));
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t k = 0; k < top_k; ++k) {
+      int32_t e;
+      bool dup;
+      do {
+        e = static_cast<int32_t>(f.below(n_experts));
+        dup = false;
+        for (int64_t j = 0; j < k; ++j) dup |= ids[t * top_k + j] == e;
+      } while (dup);
+      ids[t * top_k + k] = e;
+    }
+  return ids;
+}
+
+void bench_lin4(const std::string& name, int64_t in, int64_t out, int64_t n_experts, int64_t top_k, bool gate_up,
+                const std::vector<int64_t>& ms, int iters) {
+  const int64_t nb = in / 32;
+  const size_t pbytes = static_cast<size_t>(out * in / 2), sbytes = static_cast<size_t>(out * nb);
+  DeviceBuffer dp(pbytes * n_experts), ds(sbytes * n_experts);
+  // Experts are the same random tensor with a per-expert byte offset pattern: distinct contents,
+  // cheap to make.
+  const std::vector<uint8_t> packed = raw_bytes(pbytes, in + out);
+  const std::vector<uint8_t> scales = e8m0_bytes(sbytes, in * 5 + out);
+  std::vector<uint8_t> pe(pbytes), se(sbytes);
+  auto expert_bytes = [&](int64_t e) {
+    for (size_t i = 0; i < pbytes; ++i) pe[i] = static_cast<uint8_t>(packed[i] + 37 * e);
+    for (size_t i = 0; i < sbytes; ++i) se[i] = static_cast<uint8_t>(118 + (scales[i] - 118 + e) % 9);
+  };
+  for (int64_t e = 0; e < n_experts; ++e) {
+    expert_bytes(e);
+    dp.upload(pe.data(), pbytes, pbytes * e);
+    ds.upload(se.data(), sbytes, sbytes * e);
+  }
+  Fast f(static_cast<uint64_t>(in * 11 + out));
+  for (int64_t m : ms) {
+    const int64_t rows = m * top_k, x_rows = gate_up ? m : rows;
+    std::vector<int32_t> all_ids;
+    const int n_sets = iters + 3;
+    for (int i = 0; i < n_sets; ++i) {
+      const std::vector<int32_t> ids = route(m, top_k, n_experts, f);
+      all_ids.insert(all_ids.end(), ids.begin(), ids.end());
+    }
+    DeviceBuffer dids = DeviceBuffer::from(all_ids);
+    const std::vector<float> x = bf16_values(static_cast<size_t>(x_rows * in), m * 13 + in, 124, 6);
+    QuantAct qa(x, x_rows, in);
+    DeviceBuffer dy(static_cast<size_t>(rows * out) * 4);
+    gpu::Lin4Args a;
+    a.w = {dp.as<uint8_t>(), ds.as<uint8_t>(), in, out, n_experts};
+    a.x_codes = qa.codes.as<uint8_t>();
+    a.x_scales = qa.scales.as<float>();
+    a.rows = rows;
+    a.x_row_div = gate_up ? top_k : 1;
+    a.y = dy.as<float>();
+    a.y_stride = out;
+    auto call = [&](int i) {
+      a.expert_ids = dids.as<int32_t>() + static_cast<int64_t>(i % n_sets) * rows;
+      gpu::lin4(a, nullptr);
+    };
+    call(0);
+    gpu::check_cuda(cudaDeviceSynchronize(), "lin4");
+    {  // CPU reference of the checked rows, through a checkpoint of the experts they use
+      const std::vector<int64_t> crow = checked_rows(rows);
+      TempDir tmp;
+      SafetensorsWriter wr;
+      std::vector<std::vector<uint8_t>> keep;
+      std::vector<int32_t> used;
+      for (int64_t r : crow) used.push_back(all_ids[static_cast<size_t>(r)]);
+      std::sort(used.begin(), used.end());
+      used.erase(std::unique(used.begin(), used.end()), used.end());
+      for (int32_t e : used) {
+        expert_bytes(e);
+        keep.push_back(pe);
+        keep.push_back(se);
+        const std::string p = "e" + std::to_string(e);
+        wr.add(p + ".weight", DType::I8, {out, in / 2}, keep[keep.size() - 2]);
+        wr.add(p + ".scale", DType::F8_E8M0, {out, nb}, keep.back());
+      }
+      wr.write(tmp.dir + "/w.safetensors");
+      auto ck = Checkpoint::open(tmp.dir);
+      std::vector<float> want(crow.size() * out);
+      for (size_t i = 0; i < crow.size(); ++i) {
+        const int32_t e = all_ids[static_cast<size_t>(crow[i])];
+        auto lin = model::load_linear(*ck, "e" + std::to_string(e), in, out);
+        const int64_t xr = gate_up ? crow[i] / top_k : crow[i];
+        model::linear_bf16(*lin, &x[xr * in], 1, &want[i * out]);
+      }
+      check_rows("lin4 " + name + " m=" + std::to_string(m), dy.to_host<float>(static_cast<size_t>(rows * out)), out, 0,
+                 crow, want, out);
+    }
+    const double us = time_calls(call, iters);
+    // bytes: the distinct experts of one call (averaged over the timed calls)
+    double distinct = 0;
+    for (int i = 0; i < iters; ++i) {
+      std::vector<int32_t> s(all_ids.begin() + static_cast<int64_t>(i % n_sets) * rows,
+                             all_ids.begin() + static_cast<int64_t>(i % n_sets + 1) * rows);
+      std::sort(s.begin(), s.end());
+      distinct += static_cast<double>(std::unique(s.begin(), s.end()) - s.begin());
+    }
+    distinct /= iters;
+    report("lin4", name + " " + std::to_string(out) + "x" + std::to_string(in), m, us,
+           distinct * double(pbytes + sbytes) + double(x_rows * in) * 1.125 + double(rows * out) * 4);
+  }
+}
+
+// ---- dense ------------------------------------------------------------------------------------------
+void bench_dense(const std::string& name, gpu::DenseType wt, int64_t in, int64_t out, int64_t groups, bool round,
+                 const std::vector<int64_t>& ms, int iters, int64_t check_outputs) {
+  const bool bf = wt == gpu::DenseType::BF16;
+  const int64_t esize = bf ? 2 : 4;
+  const size_t wbytes = static_cast<size_t>(groups * out * in * esize);
+  const int copies = static_cast<int>(std::max<size_t>(1, (kRotateBytes + wbytes - 1) / wbytes));
+  std::vector<float> wv = bf ? bf16_values(static_cast<size_t>(groups * out * in), in + out, 118, 8)
+                             : f32_values(static_cast<size_t>(groups * out * in), in + out);
+  DeviceBuffer dw(wbytes * copies);
+  {
+    std::vector<uint8_t> host(wbytes);
+    if (bf) {
+      const std::vector<uint16_t> b = bf16_bits(wv);
+      std::memcpy(host.data(), b.data(), wbytes);
+    } else {
+      std::memcpy(host.data(), wv.data(), wbytes);
+    }
+    for (int c = 0; c < copies; ++c) dw.upload(host.data(), wbytes, wbytes * c);
+  }
+  // CPU reference over the first check_outputs outputs of every group
+  const int64_t co = std::min(check_outputs, out);
+  std::vector<std::unique_ptr<Linear>> lins;
+  for (int64_t g = 0; g < groups; ++g)
+    lins.push_back(model::make_dense_linear(
+        std::vector<float>(wv.begin() + g * out * in, wv.begin() + (g * out + co) * in), in, co));
+  wv.clear();
+  wv.shrink_to_fit();
+  for (int64_t m : ms) {
+    const std::vector<float> x = bf16_values(static_cast<size_t>(m * groups * in), m * 17 + in, 124, 6);
+    DeviceBuffer dx = DeviceBuffer::from(x), dy(static_cast<size_t>(m * groups * out) * 4);
+    gpu::DenseArgs a;
+    a.wt = wt;
+    a.in = in;
+    a.out = out;
+    a.groups = groups;
+    a.x = dx.as<float>();
+    a.x_stride = groups * in;
+    a.m = m;
+    a.y = dy.as<float>();
+    a.y_stride = groups * out;
+    a.round_bf16 = round;
+    auto call = [&](int i) {
+      a.w = dw.as<uint8_t>() + wbytes * (i % copies);
+      gpu::lin_dense(a, nullptr);
+    };
+    call(0);
+    gpu::check_cuda(cudaDeviceSynchronize(), "lin_dense");
+    const std::vector<int64_t> rows = checked_rows(m);
+    const std::vector<float> got = dy.to_host<float>(static_cast<size_t>(m * groups * out));
+    for (int64_t g = 0; g < groups; ++g) {
+      std::vector<float> xs(rows.size() * in), want(rows.size() * co);
+      for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&x[(rows[i] * groups + g) * in], in, &xs[i * in]);
+      if (round) model::linear_bf16(*lins[g], xs.data(), static_cast<int64_t>(rows.size()), want.data());
+      else lins[g]->forward(xs.data(), static_cast<int64_t>(rows.size()), want.data());
+      check_rows("dense " + name + " g" + std::to_string(g) + " m=" + std::to_string(m), got, groups * out, g * out,
+                 rows, want, co);
+    }
+    const double us = time_calls(call, iters);
+    report(bf ? "bf16" : "f32", name + " " + std::to_string(groups) + "x" + std::to_string(out) + "x" + std::to_string(in),
+           m, us, double(wbytes) + double(m * groups * in) * 4 + double(m * groups * out) * 4);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  try {
+    const ModelConfig c = load_model_config(std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json");
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, 0);
+    std::printf("device %s, %d SMs; copy ceiling %.0f GB/s\n", prop.name, prop.multiProcessorCount, kCopyGBs);
+    const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 256};
+    const std::vector<int64_t> ms_decode = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4};
+    const int it = quick ? 10 : 30;
+    const int64_t dim = c.hidden_size, qlr = c.q_lora_rank, hd = c.head_dim, H = c.num_attention_heads;
+    const int64_t inter = c.moe_intermediate_size, K = c.num_experts_per_tok, E = c.n_routed_experts;
+
+    bench_lin4("gate/up", dim, inter, E, K, true, ms, it);
+    bench_lin4("down", inter, dim, E, K, false, ms, it);
+
+    bench_lin8("wq_a", dim, qlr, ms, it);
+    bench_lin8("wq_b", qlr, H * hd, ms, it);
+    bench_lin8("wkv", dim, hd, ms, it);
+    bench_lin8("wo_b", c.o_groups * c.o_lora_rank, dim, ms, it);
+    bench_lin8("shared w1", dim, inter, ms, it);
+    bench_lin8("shared w2", inter, dim, ms, it);
+    bench_lin8("index wq_b", qlr, c.index_n_heads * c.index_head_dim, ms, it);
+    bench_lin8("engram wkv", c.n_engram_columns() * c.engram_head_dim, dim * (c.hc_mult + 1), ms_decode, it);
+
+    // the head runs at decode sizes only (prefill passes take the last position's logits)
+    bench_dense("head", gpu::DenseType::BF16, dim, c.vocab_size, 1, false, ms_decode, quick ? 5 : 10, 4096);
+    bench_dense("wo_a", gpu::DenseType::BF16, H * hd / c.o_groups, c.o_lora_rank, c.o_groups, true, ms, it, 256);
+    bench_dense("compressor", gpu::DenseType::F32, dim, hd, 1, false, ms, it, hd);
+    bench_dense("weights_proj", gpu::DenseType::BF16, dim, c.index_n_heads, 1, true, ms, it, c.index_n_heads);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_linear: %s\n", e.what());
+    return 2;
+  }
+  std::printf("comparisons failed: %d\n", g_failures);
+  return g_failures ? 1 : 0;
+}

@@ -1,0 +1,248 @@
+// Bit-for-bit parity of the decode-bandwidth linear paths against the CPU reference engine's own
+// Linear objects: Lin8 at every row-group size (1, 2, 4 rows per weight read, several groups), K block
+// counts that do and do not divide the lane chunk (32, 16, 8, a ragged 3), output counts off the
+// tile, output strides with gaps; Lin4 expert banks whose pairs share experts (grouped reads of 1,
+// 2 and 4 rows, leftovers), empty slots and a bank of one without ids; the tiled dense kernel at
+// every (rows, K split) it picks, partial 256-blocks, grouped weights and strided activations.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "dsv41/loader/checkpoint.h"
+#include "dsv41/loader/safetensors.h"
+#include "harness.h"
+#include "model/linears.h"
+
+namespace dsv41::test {
+namespace {
+
+namespace gpu = ops::gpu;
+
+struct TempCheckpoint {
+  std::string dir;
+  std::unique_ptr<Checkpoint> ck;
+  explicit TempCheckpoint(const SafetensorsWriter& w) {
+    char tmpl[] = "/tmp/dsv41_gpu_linbw_XXXXXX";
+    const char* d = mkdtemp(tmpl);
+    if (!d) throw std::runtime_error("mkdtemp failed");
+    dir = d;
+    w.write(dir + "/weights.safetensors");
+    ck = Checkpoint::open(dir);
+  }
+  ~TempCheckpoint() {
+    ck.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
+struct QuantAct {
+  DeviceBuffer x, codes, scales;
+  QuantAct(const std::vector<float>& xv, int64_t rows, int64_t k)
+      : x(DeviceBuffer::from(xv)), codes(static_cast<size_t>(rows * k)), scales(static_cast<size_t>(rows * (k / 32)) * 4) {
+    gpu::ActQuantArgs a;
+    a.x = x.as<float>();
+    a.rows = rows;
+    a.k = k;
+    a.x_stride = k;
+    a.codes = codes.as<uint8_t>();
+    a.scales = scales.as<float>();
+    gpu::act_quant8(a, nullptr);
+  }
+};
+
+// The first `cols` values of each of `rows` rows of a strided device output; the gap columns must
+// still hold the poison (NaN).
+std::vector<float> rows_of(const std::string& what, const Guarded& y, int64_t rows, int64_t stride, int64_t cols) {
+  const std::vector<float> all = y.host<float>();
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  size_t gap_written = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) v[r * cols + c] = all[r * stride + c];
+    for (int64_t c = cols; c < stride; ++c) gap_written += !std::isnan(all[r * stride + c]);
+  }
+  EXPECT_EQ(gap_written, 0u) << what << ": stride gap written";
+  return v;
+}
+
+void lin8_case(int64_t in, int64_t out, int64_t m, bool round) {
+  const std::string what = "lin8 " + std::to_string(out) + "x" + std::to_string(in) + " m=" + std::to_string(m) +
+                           (round ? "" : " fp32");
+  SCOPED_TRACE(what);
+  Rng rng(static_cast<uint64_t>(in * 13 + out * 3 + m));
+  const std::vector<uint8_t> codes = rng.e4m3_bytes(static_cast<size_t>(in * out));
+  const std::vector<uint8_t> scales = rng.e8m0_bytes(static_cast<size_t>(((out + 31) / 32) * ((in + 31) / 32)));
+  SafetensorsWriter w;
+  w.add("w.weight", DType::F8_E4M3, {out, in}, codes);
+  w.add("w.scale", DType::F8_E8M0, {(out + 31) / 32, (in + 31) / 32}, scales);
+  TempCheckpoint ck(w);
+  auto lin = model::load_linear(*ck.ck, "w", in, out);
+  const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
+  std::vector<float> want(static_cast<size_t>(m * out));
+  if (round) model::linear_bf16(*lin, x.data(), m, want.data());
+  else lin->forward(x.data(), m, want.data());
+
+  DeviceBuffer dcodes = DeviceBuffer::from(codes), dscales = DeviceBuffer::from(scales);
+  QuantAct qa(x, m, in);
+  const int64_t y_stride = out + 3;
+  Guarded dy(static_cast<size_t>(m * y_stride) * 4);
+  gpu::Lin8Args a;
+  a.w = {dcodes.as<uint8_t>(), dscales.as<uint8_t>(), in, out};
+  a.x_codes = qa.codes.as<uint8_t>();
+  a.x_scales = qa.scales.as<float>();
+  a.m = m;
+  a.y = dy.as<float>();
+  a.y_stride = y_stride;
+  a.round_bf16 = round;
+  gpu::lin8(a, nullptr);
+  sync_ok();
+  expect_equal(what, rows_of(what, dy, m, y_stride, out), want);
+  expect_guards(what, dy);
+}
+
+TEST(GpuLinearBandwidth, Lin8RowGroupsAndChunks) {
+  // K blocks: 160 (chunk 32), 16 (chunk 16), 40 (chunk 8), 3 (ragged chunk of 8)
+  for (int64_t m : {1, 2, 3, 4, 5, 9}) {
+    lin8_case(5120, 96, m, true);
+    lin8_case(512, 300, m, true);
+    lin8_case(1280, 544, m, true);
+    lin8_case(96, 37, m, true);
+  }
+  // many output rows: the widest lane tiles (8 outputs per lane at 1 row, 4 at 2 and 4 rows)
+  for (int64_t m : {1, 2, 4}) lin8_case(1024, 8500, m, true);
+  lin8_case(512, 300, 3, false);   // fp32 outputs
+}
+
+void lin4_case(const std::string& tag, int64_t in, int64_t out, int64_t n_experts, const std::vector<int32_t>& ids_in,
+               int64_t x_row_div, bool with_ids) {
+  const int64_t rows = static_cast<int64_t>(ids_in.size()), x_rows = (rows + x_row_div - 1) / x_row_div;
+  const std::string what = "lin4 " + tag + " " + std::to_string(out) + "x" + std::to_string(in) + " rows=" +
+                           std::to_string(rows);
+  SCOPED_TRACE(what);
+  Rng rng(static_cast<uint64_t>(in * 5 + out + rows * 7));
+  std::vector<uint8_t> packed(static_cast<size_t>(n_experts * out * in / 2));
+  for (auto& b : packed) b = static_cast<uint8_t>(rng.g());
+  const std::vector<uint8_t> scales = rng.e8m0_bytes(static_cast<size_t>(n_experts * out * (in / 32)));
+  SafetensorsWriter w;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    const std::string p = "e" + std::to_string(e);
+    w.add(p + ".weight", DType::I8, {out, in / 2}, packed.data() + e * out * in / 2, static_cast<size_t>(out * in / 2));
+    w.add(p + ".scale", DType::F8_E8M0, {out, in / 32}, scales.data() + e * out * (in / 32),
+          static_cast<size_t>(out * (in / 32)));
+  }
+  TempCheckpoint ck(w);
+  std::vector<std::unique_ptr<Linear>> lins;
+  for (int64_t e = 0; e < n_experts; ++e) lins.push_back(model::load_linear(*ck.ck, "e" + std::to_string(e), in, out));
+  const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(x_rows * in));
+  std::vector<float> want(static_cast<size_t>(rows * out), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t e = with_ids ? ids_in[r] : 0;
+    if (e >= 0 && e < n_experts) model::linear_bf16(*lins[e], &x[(r / x_row_div) * in], 1, &want[r * out]);
+  }
+  DeviceBuffer dpacked = DeviceBuffer::from(packed), dscales = DeviceBuffer::from(scales), dids = DeviceBuffer::from(ids_in);
+  QuantAct qa(x, x_rows, in);
+  const int64_t y_stride = out + 1;
+  Guarded dy(static_cast<size_t>(rows * y_stride) * 4);
+  gpu::Lin4Args a;
+  a.w = {dpacked.as<uint8_t>(), dscales.as<uint8_t>(), in, out, n_experts};
+  a.x_codes = qa.codes.as<uint8_t>();
+  a.x_scales = qa.scales.as<float>();
+  a.rows = rows;
+  a.expert_ids = with_ids ? dids.as<int32_t>() : nullptr;
+  a.x_row_div = x_row_div;
+  a.y = dy.as<float>();
+  a.y_stride = y_stride;
+  gpu::lin4(a, nullptr);
+  sync_ok();
+  expect_equal(what, rows_of(what, dy, rows, y_stride, out), want);
+  expect_guards(what, dy);
+}
+
+TEST(GpuLinearBandwidth, Lin4SharedExperts) {
+  // one token, distinct experts (one row per read), gate/up form
+  lin4_case("decode", 512, 96, 8, {3, 0, 7, 5, 1, 6}, 6, true);
+  // two tokens picking overlapping experts, an empty slot, an id past the bank (both zero rows)
+  lin4_case("batch2", 512, 96, 8, {3, 0, 7, 5, 1, 6, 0, 3, -1, 5, 2, 8}, 6, true);
+  // rows in (8, 64]: groups of two, an expert used three times (a leftover single)
+  {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 30; ++i) ids.push_back(static_cast<int32_t>((i * 7) % 5));
+    ids[11] = -1;
+    lin4_case("pairs", 256, 200, 5, ids, 1, true);
+    lin4_case("pairs gate/up", 256, 200, 5, ids, 3, true);
+  }
+  // rows > 64: groups of four, popular experts with many groups, K chunk 8 with idle lanes (in=128)
+  {
+    Rng rng(99);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 150; ++i) ids.push_back(static_cast<int32_t>(rng.below(10) < 6 ? 1 : rng.below(6)));
+    ids[40] = -1;
+    lin4_case("pass", 128, 72, 6, ids, 1, true);
+    lin4_case("pass gate/up", 1280, 40, 6, ids, 5, true);
+  }
+  // a plain Lin4 (bank of one, no ids): consecutive rows share the weight
+  lin4_case("plain", 512, 130, 1, std::vector<int32_t>(7, 0), 1, false);
+  lin4_case("plain", 512, 130, 1, std::vector<int32_t>(70, 0), 1, false);
+}
+
+void dense_case(gpu::DenseType wt, int64_t in, int64_t out, int64_t groups, int64_t m, int64_t x_pad, bool round) {
+  const bool bf = wt == gpu::DenseType::BF16;
+  const std::string what = std::string(bf ? "linbf16 " : "linf32 ") + std::to_string(groups) + "x" +
+                           std::to_string(out) + "x" + std::to_string(in) + " m=" + std::to_string(m) +
+                           (x_pad ? " strided" : "");
+  SCOPED_TRACE(what);
+  Rng rng(static_cast<uint64_t>(in * 11 + out * 3 + groups + m));
+  const float sd = 1.0f / std::sqrt(static_cast<float>(in));
+  const std::vector<float> wv = bf ? rng.bf16_vec(static_cast<size_t>(groups * out * in), sd)
+                                   : rng.f32_vec(static_cast<size_t>(groups * out * in), sd);
+  const int64_t x_stride = groups * in + x_pad;
+  std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * x_stride));
+  std::vector<float> want(static_cast<size_t>(m * groups * out));
+  for (int64_t g = 0; g < groups; ++g) {
+    auto lin = model::make_dense_linear(std::vector<float>(wv.begin() + g * out * in, wv.begin() + (g + 1) * out * in), in, out);
+    std::vector<float> xg(static_cast<size_t>(m * in)), yg(static_cast<size_t>(m * out));
+    for (int64_t r = 0; r < m; ++r) std::copy_n(&x[r * x_stride + g * in], in, &xg[r * in]);
+    if (round) model::linear_bf16(*lin, xg.data(), m, yg.data());
+    else lin->forward(xg.data(), m, yg.data());
+    for (int64_t r = 0; r < m; ++r) std::copy_n(&yg[r * out], out, &want[r * groups * out + g * out]);
+  }
+  DeviceBuffer dw = bf ? DeviceBuffer::from(to_bf16_bits(wv)) : DeviceBuffer::from(wv);
+  DeviceBuffer dx = DeviceBuffer::from(x);
+  const int64_t y_stride = groups * out + 2;
+  Guarded dy(static_cast<size_t>(m * y_stride) * 4);
+  gpu::DenseArgs a;
+  a.w = dw.get();
+  a.wt = wt;
+  a.in = in;
+  a.out = out;
+  a.groups = groups;
+  a.x = dx.as<float>();
+  a.x_stride = x_stride;
+  a.m = m;
+  a.y = dy.as<float>();
+  a.y_stride = y_stride;
+  a.round_bf16 = round;
+  gpu::lin_dense(a, nullptr);
+  sync_ok();
+  expect_equal(what, rows_of(what, dy, m, y_stride, groups * out), want);
+  expect_guards(what, dy);
+}
+
+TEST(GpuLinearBandwidth, DenseTiledSplits) {
+  using gpu::DenseType;
+  // (up to 1024 output rows at m <= 4 and up to 64 at any m run the warp-per-row kernel)
+  for (int64_t m : {1, 2, 3, 4}) dense_case(DenseType::BF16, 5120, 1100, 1, m, 0, true);  // K split 8 / 8 / 4 / 4
+  for (int64_t m : {1, 2, 3, 4, 5, 9, 17}) {
+    dense_case(DenseType::BF16, 5120, 40, 1, m, 0, true);     // few rows
+    dense_case(DenseType::BF16, 1032, 300, 1, m, 4, true);    // partial last 256-block, strided x
+    dense_case(DenseType::F32, 520, 96, 2, m, 0, false);      // fp32 weights, groups, 32-column pieces
+  }
+  dense_case(DenseType::BF16, 2048, 4100, 1, 1, 0, false);    // many CTAs: no split, off-tile rows
+  dense_case(DenseType::BF16, 512, 1024, 4, 2, 0, true);      // grouped (wo_a form)
+  dense_case(DenseType::BF16, 264, 16, 1, 3, 0, true);        // one full block and an 8-wide one
+}
+
+}  // namespace
+}  // namespace dsv41::test

@@ -6,6 +6,7 @@
 
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -13,6 +14,7 @@ namespace {
 constexpr int kMaxRatio = 16;
 
 __global__ void compress_pool_kernel(CompressPoolArgs a) {
+  dev::pdl_enter();
   const int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (d >= a.hd) return;
   int64_t g = 0;
@@ -40,6 +42,7 @@ __global__ void compress_pool_kernel(CompressPoolArgs a) {
 }
 
 __global__ void store_bf16_kernel(StoreBf16Args a) {
+  dev::pdl_enter();
   const int64_t total = a.rows * a.cols;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -53,14 +56,14 @@ __global__ void store_bf16_kernel(StoreBf16Args a) {
 namespace raw {
 cudaError_t compress_pool(const CompressPoolArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
-  compress_pool_kernel<<<static_cast<unsigned>((a.hd + 127) / 128), 128, 0, s>>>(a);
+  launch_pdl(compress_pool_kernel, static_cast<unsigned>((a.hd + 127) / 128), 128, 0, s, a);
   return cudaGetLastError();
 }
 cudaError_t store_bf16(const StoreBf16Args& a, cudaStream_t s) {
   const int64_t total = a.rows * a.cols;
   if (total == 0) return cudaSuccess;
   const int64_t b = (total + 255) / 256;
-  store_bf16_kernel<<<static_cast<unsigned>(b < 65535 ? b : 65535), 256, 0, s>>>(a);
+  launch_pdl(store_bf16_kernel, static_cast<unsigned>(b < 65535 ? b : 65535), 256, 0, s, a);
   return cudaGetLastError();
 }
 }  // namespace raw

@@ -8,11 +8,13 @@
 
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
 
 __global__ void stream_mean_kernel(StreamMeanArgs a) {
+  dev::pdl_enter();
   const int64_t total = a.n * a.dim;
   const float count = static_cast<float>(a.hc);
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -40,6 +42,7 @@ __device__ __forceinline__ float wv<float>(const float* w, int64_t i) { return w
 // vectors sit in shared memory.
 template <class HW, class EW>
 __global__ void markov_bias_kernel(MarkovBiasArgs a) {
+  dev::pdl_enter();
   extern __shared__ float e_sm[];  // [kMarkovRows][rank]
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kMarkovRows;
   const int nr = static_cast<int>(a.rows - r0 < kMarkovRows ? a.rows - r0 : kMarkovRows);
@@ -72,8 +75,8 @@ cudaError_t launch_markov(const MarkovBiasArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((a.vocab + kMarkovThreads - 1) / kMarkovThreads),
                   static_cast<unsigned>((a.rows + kMarkovRows - 1) / kMarkovRows));
   const size_t smem = static_cast<size_t>(kMarkovRows * a.rank) * sizeof(float);
-  if (a.embed_type == DenseType::BF16) markov_bias_kernel<HW, uint16_t><<<grid, kMarkovThreads, smem, s>>>(a);
-  else markov_bias_kernel<HW, float><<<grid, kMarkovThreads, smem, s>>>(a);
+  if (a.embed_type == DenseType::BF16) launch_pdl(markov_bias_kernel<HW, uint16_t>, grid, kMarkovThreads, smem, s, a);
+  else launch_pdl(markov_bias_kernel<HW, float>, grid, kMarkovThreads, smem, s, a);
   return cudaGetLastError();
 }
 
@@ -84,7 +87,7 @@ cudaError_t stream_mean(const StreamMeanArgs& a, cudaStream_t s) {
   const int64_t total = a.n * a.dim;
   if (total == 0) return cudaSuccess;
   const int64_t blocks = (total + 255) / 256;
-  stream_mean_kernel<<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0, s>>>(a);
+  launch_pdl(stream_mean_kernel, static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0, s, a);
   return cudaGetLastError();
 }
 cudaError_t markov_bias(const MarkovBiasArgs& a, cudaStream_t s) {

@@ -4,11 +4,13 @@
 
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
 
 __global__ void embed_kernel(EmbedArgs a) {
+  dev::pdl_enter();
   const int64_t total = a.n * a.hc * a.dim;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -28,6 +30,7 @@ __device__ __forceinline__ bool ahead(float v, int64_t i, float bv, int64_t bi) 
 }
 
 __global__ void argmax_kernel(ArgmaxArgs a) {
+  dev::pdl_enter();
   __shared__ float sv[32];
   __shared__ int64_t si[32];
   const float* x = a.x + static_cast<int64_t>(blockIdx.x) * a.n;
@@ -63,12 +66,12 @@ cudaError_t embed(const EmbedArgs& a, cudaStream_t s) {
   const int64_t total = a.n * a.hc * a.dim;
   if (total == 0) return cudaSuccess;
   const int64_t b = (total + 255) / 256;
-  embed_kernel<<<static_cast<unsigned>(b < 65535 ? b : 65535), 256, 0, s>>>(a);
+  launch_pdl(embed_kernel, static_cast<unsigned>(b < 65535 ? b : 65535), 256, 0, s, a);
   return cudaGetLastError();
 }
 cudaError_t argmax(const ArgmaxArgs& a, cudaStream_t s) {
   if (a.rows == 0) return cudaSuccess;
-  argmax_kernel<<<static_cast<unsigned>(a.rows), 1024, 0, s>>>(a);
+  launch_pdl(argmax_kernel, static_cast<unsigned>(a.rows), 1024, 0, s, a);
   return cudaGetLastError();
 }
 }  // namespace raw

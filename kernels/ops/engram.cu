@@ -6,11 +6,13 @@
 // wide for shared memory take the one-warp form.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
 
 __global__ void engram_dequant_kernel(EngramDequantArgs a) {
+  dev::pdl_enter();
   const int64_t total = a.n_out * a.head_dim;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -25,6 +27,7 @@ constexpr int kGateThreads = 256;
 // Gate of (token t, stream j) = (blockIdx.x, blockIdx.y): the statistics and the gate as in
 // engram_gate_kernel, then h += gate·value by the whole block.
 __global__ void __launch_bounds__(kGateThreads) engram_gate_staged_kernel(EngramGateArgs a) {
+  dev::pdl_enter();
   extern __shared__ float4 smem_f4[];
   __shared__ float stat[3];
   __shared__ float s_gate;
@@ -79,6 +82,7 @@ __global__ void __launch_bounds__(kGateThreads) engram_gate_staged_kernel(Engram
 // One warp per (token, stream): dot of h·g_w·k in the reference's torch_sum order, per-stream
 // rsqrt norms, signed-sqrt sigmoid gate, then h += gate·value (bf16).
 __global__ void engram_gate_kernel(EngramGateArgs a) {
+  dev::pdl_enter();
   const int64_t t = blockIdx.x, j = blockIdx.y;
   const int64_t dim = a.dim;
   float* h = a.h + (t * a.hc + j) * dim;
@@ -106,7 +110,7 @@ cudaError_t engram_dequant(const EngramDequantArgs& a, cudaStream_t s) {
   const int64_t total = a.n_out * a.head_dim;
   if (total == 0) return cudaSuccess;
   const int64_t b = (total + 255) / 256;
-  engram_dequant_kernel<<<static_cast<unsigned>(b < 65535 ? b : 65535), 256, 0, s>>>(a);
+  launch_pdl(engram_dequant_kernel, static_cast<unsigned>(b < 65535 ? b : 65535), 256, 0, s, a);
   return cudaGetLastError();
 }
 cudaError_t engram_gate(const EngramGateArgs& a, cudaStream_t s) {
@@ -116,10 +120,10 @@ cudaError_t engram_gate(const EngramGateArgs& a, cudaStream_t s) {
   if (smem <= kMaxStagedSmem) {
     const cudaError_t e = allow_dynamic_smem<engram_gate_staged_kernel>(smem);
     if (e != cudaSuccess) return e;
-    engram_gate_staged_kernel<<<dim3(static_cast<unsigned>(a.n), static_cast<unsigned>(a.hc)), kGateThreads, smem, s>>>(a);
+    launch_pdl(engram_gate_staged_kernel, dim3(static_cast<unsigned>(a.n), static_cast<unsigned>(a.hc)), kGateThreads, smem, s, a);
     return cudaGetLastError();
   }
-  engram_gate_kernel<<<dim3(static_cast<unsigned>(a.n), static_cast<unsigned>(a.hc)), 32, 0, s>>>(a);
+  launch_pdl(engram_gate_kernel, dim3(static_cast<unsigned>(a.n), static_cast<unsigned>(a.hc)), 32, 0, s, a);
   return cudaGetLastError();
 }
 }  // namespace raw

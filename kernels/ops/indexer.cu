@@ -9,6 +9,7 @@
 
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -18,6 +19,7 @@ constexpr int kEntriesPerWarp = 8;
 constexpr int kMaxHeadsPerLane = 4;  // up to 128 heads
 
 __global__ void indexer_kernel(IndexerArgs a) {
+  dev::pdl_enter();
   extern __shared__ float smem[];
   float* q = smem;                         // [heads][head_dim]
   float* w = smem + a.heads * a.head_dim;  // [heads]
@@ -90,6 +92,7 @@ __host__ __device__ inline TiledLayout tiled_layout(int64_t heads, int64_t hd) {
 }
 
 __global__ void __launch_bounds__(512) indexer_tiled_kernel(IndexerArgs a) {
+  dev::pdl_enter();
   extern __shared__ __align__(16) unsigned char raw_smem[];
   const int64_t hd = a.head_dim, H = a.heads;
   const TiledLayout L = tiled_layout(H, hd);
@@ -229,6 +232,7 @@ __global__ void __launch_bounds__(512) indexer_tiled_kernel(IndexerArgs a) {
 
 // Block maxima of the candidate source's scores, the block holding entry n_vis-1 pinned to +inf.
 __global__ void block_scores_kernel(CandidateArgs a, int64_t nb) {
+  dev::pdl_enter();
   const int64_t total = a.n * nb;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -246,6 +250,7 @@ __global__ void block_scores_kernel(CandidateArgs a, int64_t nb) {
 }
 
 __global__ void keep_kernel(CandidateArgs a, int64_t nb, int64_t k) {
+  dev::pdl_enter();
   const int64_t total = a.n * k;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -256,6 +261,7 @@ __global__ void keep_kernel(CandidateArgs a, int64_t nb, int64_t k) {
 }
 
 __global__ void candidate_mask_kernel(CandidateMaskArgs a) {
+  dev::pdl_enter();
   const int64_t lim = a.T < a.width ? a.T : a.width, nb = (a.width + a.block_size - 1) / a.block_size;
   const int64_t total = a.n * lim;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -303,7 +309,7 @@ cudaError_t indexer_scores_tiled(const IndexerArgs& a, cudaStream_t s) {
   int64_t gx = (8 * static_cast<int64_t>(sms[dev]) + a.n - 1) / a.n;
   gx = gx < ntiles ? gx : ntiles;
   const dim3 grid(static_cast<unsigned>(gx < 1 ? 1 : gx), static_cast<unsigned>(a.n));
-  indexer_tiled_kernel<<<grid, static_cast<unsigned>(L.threads), L.total, s>>>(a);
+  launch_pdl(indexer_tiled_kernel, grid, static_cast<unsigned>(L.threads), L.total, s, a);
   return cudaGetLastError();
 }
 
@@ -322,14 +328,14 @@ cudaError_t indexer_scores_warp(const IndexerArgs& a, cudaStream_t s) {
     const cudaError_t e = cudaFuncSetAttribute(indexer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  indexer_kernel<<<grid, kWarps * 32, smem, s>>>(a);
+  launch_pdl(indexer_kernel, grid, kWarps * 32, smem, s, a);
   return cudaGetLastError();
 }
 cudaError_t candidate_blocks(const CandidateArgs& a, cudaStream_t s) {
   if (a.n == 0 || a.T == 0) return cudaSuccess;
   const int64_t nb = (a.T + a.block_size - 1) / a.block_size;
   const int64_t k = a.topk_blocks < nb ? a.topk_blocks : nb;
-  block_scores_kernel<<<elem_grid(a.n * nb), 256, 0, s>>>(a, nb);
+  launch_pdl(block_scores_kernel, elem_grid(a.n * nb), 256, 0, s, a, nb);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   TopkArgs tk;
@@ -341,12 +347,12 @@ cudaError_t candidate_blocks(const CandidateArgs& a, cudaStream_t s) {
   tk.out = a.block_sel;
   e = topk_sorted(tk, s);
   if (e != cudaSuccess) return e;
-  keep_kernel<<<elem_grid(a.n * k), 256, 0, s>>>(a, nb, k);
+  launch_pdl(keep_kernel, elem_grid(a.n * k), 256, 0, s, a, nb, k);
   return cudaGetLastError();
 }
 cudaError_t candidate_mask(const CandidateMaskArgs& a, cudaStream_t s) {
   if (a.n == 0 || a.T == 0 || a.width == 0) return cudaSuccess;
-  candidate_mask_kernel<<<elem_grid(a.n * (a.T < a.width ? a.T : a.width)), 256, 0, s>>>(a);
+  launch_pdl(candidate_mask_kernel, elem_grid(a.n * (a.T < a.width ? a.T : a.width)), 256, 0, s, a);
   return cudaGetLastError();
 }
 }  // namespace raw

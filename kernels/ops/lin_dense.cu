@@ -10,12 +10,16 @@
 // S > 1 (few output rows: split K to fill the GPU) each round's S block results meet in shared
 // memory and the s = 0 thread adds them in K order. Unaligned shapes and linears with few output
 // rows take the warp-per-row kernel.
+//
+// Both kernels launch with programmatic dependent launch (ops/pdl.cuh) and wait for the previous
+// kernel before touching global memory.
 #include <cuda_bf16.h>
 
 #include <atomic>
 
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -51,6 +55,7 @@ __device__ __forceinline__ void load8(const float* w, int64_t k, float (&o)[8]) 
 // are read once for all rows (vector loads when Vec: in % 8 == 0 and aligned rows).
 template <class W, bool Vec>
 __global__ void dense_warp_kernel(DenseArgs a) {
+  dev::pdl_enter();
   const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (o >= a.out) return;
   const int lane = threadIdx.x & 31;
@@ -69,6 +74,9 @@ __global__ void dense_warp_kernel(DenseArgs a) {
       const int64_t k1 = k0 + dev::kGemmKBlock < a.in ? k0 + dev::kGemmKBlock : a.in;
       int64_t k = k0;
       if constexpr (Vec) {
+        // unrolled so that the weight loads of several steps are in flight before their fma chain
+        // needs them (the chain order is unchanged)
+#pragma unroll 8
         for (; k + 8 <= k1; k += 8) {
           float wv[8];
           load8(wrow, k, wv);
@@ -146,6 +154,7 @@ struct TileShape {
 
 template <class W, int R, int S>
 __global__ void __launch_bounds__(kT) dense_tiled_kernel(DenseArgs a) {
+  dev::pdl_enter();
   using Sh = TileShape<W, R, S>;
   constexpr int kTO = Sh::kTO, kCols = Sh::kCols, kSub = Sh::kSub, kXPitch = Sh::kXPitch;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -307,8 +316,7 @@ cudaError_t launch_tiled(const DenseArgs& a, cudaStream_t st) {
   using Sh = TileShape<W, R, S>;
   const dim3 grid(static_cast<unsigned>((a.out + Sh::kTO - 1) / Sh::kTO), static_cast<unsigned>((a.m + R - 1) / R),
                   static_cast<unsigned>(a.groups));
-  dense_tiled_kernel<W, R, S><<<grid, kT, Sh::kBytes, st>>>(a);
-  return cudaGetLastError();
+  return launch_pdl(dense_tiled_kernel<W, R, S>, grid, dim3(kT), Sh::kBytes, st, a);
 }
 
 // K split S: the smallest power of two that gives ~2 CTAs per SM (at most 8, S*R <= 16, S <= blocks).
@@ -341,9 +349,8 @@ cudaError_t launch_dense(const DenseArgs& a, cudaStream_t st) {
   if (!aligned || rows_out <= 64 || (rows_out <= 1024 && a.m <= 4)) {
     const dim3 grid(static_cast<unsigned>((a.out + kWarps - 1) / kWarps), static_cast<unsigned>((a.m + kRows - 1) / kRows),
                     static_cast<unsigned>(a.groups));
-    if (aligned) dense_warp_kernel<W, true><<<grid, kWarps * 32, 0, st>>>(a);
-    else dense_warp_kernel<W, false><<<grid, kWarps * 32, 0, st>>>(a);
-    return cudaGetLastError();
+    if (aligned) return launch_pdl(dense_warp_kernel<W, true>, grid, dim3(kWarps * 32), 0, st, a);
+    return launch_pdl(dense_warp_kernel<W, false>, grid, dim3(kWarps * 32), 0, st, a);
   }
   const cudaError_t conf = configure_all_tiled<W>();
   if (conf != cudaSuccess) return conf;

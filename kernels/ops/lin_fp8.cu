@@ -16,13 +16,26 @@
 // Rows sharing a weight: Lin8 takes R <= 4 activation rows per weight read; Lin4 groups the
 // (token, slot) pairs that picked the same expert (in row order, up to R per group), so an expert is
 // read once per group instead of once per pair.
+//
+// Latency hiding (Lin8 at decode sizes): a warp's loads of one chunk group and its arithmetic are
+// serial, so each warp also asks the TMA unit to pull the weight rows of the next `prefetch_chunks` chunks into L2
+// (cp.async.bulk.prefetch, one instruction per row range); the next demand loads then hit L2. The
+// launcher sizes the window so that all resident warps together keep ~20 MB ahead (L2: 50 MB).
+// Launches use programmatic dependent launch (ops/pdl.cuh): the decode tables are built in shared
+// memory and, for Lin8, the first weight ranges are prefetched before griddepcontrol.wait. Neither
+// reads anything an earlier kernel writes (tables are constants; weights are never written by
+// kernels, and an L2 prefetch delivers nothing to the SM: L2 is the GPU's point of coherence), so
+// this overlaps the previous kernel's tail safely; activations, expert ids and outputs are touched
+// only after the wait.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -48,8 +61,18 @@ struct BlockScaledArgs {
   bool round_bf16 = true;
   int kw = 32;              // K blocks per chunk (lanes per output slot)
   int64_t row_base = 0;     // Fp4: first pair row of this launch slice
-  int64_t out_tiles = 0;    // output tiles of kWarps * NO * (32/kw) rows
+  int64_t out_tiles = 0;    // warp tiles of NO * (32/kw) output rows
+  int prefetch_chunks = 0;  // L2 prefetch window beyond the chunks being loaded (0: none)
+  bool spread = false;      // warp tiles dealt warp-major over the grid (else CTA-major)
 };
+
+// Asks the TMA unit to fetch [p, p + bytes) into L2 (16-byte aligned, bytes % 16 == 0); no data
+// reaches the SM, so it never changes a result.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
 
 __device__ __forceinline__ uint32_t bf16_bits_of(float v) { return static_cast<uint32_t>(dev::f32_to_bf16_bits(v)); }
 
@@ -108,7 +131,44 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kw = a.kw, ns = 32 / kw, slot = lane / kw, kbl = lane % kw;
   const int64_t in = a.in, nb = in / 32;
-  const int64_t tile_rows = static_cast<int64_t>(kWarps) * NO * ns;
+  const int64_t tile_rows = static_cast<int64_t>(NO) * ns;  // output rows of one warp tile
+  // Warp w of CTA b starts at tile b*kWarps + w (CTA-major: a CTA's warps read neighbouring rows)
+  // or, when the grid has more warps than tiles (spread), at w*gridDim.x + b, so that every SM
+  // gets an even share; either way it then steps by all the grid's warps.
+  const int64_t first_tile = a.spread ? static_cast<int64_t>(warp) * gridDim.x + blockIdx.x
+                                      : static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  const int64_t tile_step = static_cast<int64_t>(gridDim.x) * kWarps;
+  constexpr int kWW = F == Fmt::Fp8 ? 8 : 4;      // 32-bit words per weight block
+  constexpr int64_t kRowBytesPerBlock = kWW * 4;
+  const int n_chunks = static_cast<int>((nb + kw - 1) / kw);
+
+  // Shared-memory tables only: built before the wait, overlapping the previous kernel.
+  fill_tables<F>(e4m3_tab, e2m1_tab, reinterpret_cast<uint32_t*>(fold_buf));
+
+  // L2 prefetch of chunks [c_begin, c_end) of the warp's rows in tile `tile`: lane q < NO*ns takes
+  // row q (one bulk range per row). wexp: the expert's weight base.
+  // pf_row: this lane's weight row in the tile, or null (one lane per row)
+  auto prefetch_row = [&](const uint8_t* wexp, int64_t tile) -> const uint8_t* {
+    const int64_t o = tile * tile_rows + lane;
+    return lane < NO * ns && o < a.out ? wexp + o * (nb * kRowBytesPerBlock) : nullptr;
+  };
+  auto prefetch_rows = [&](const uint8_t* pf_row, int c_begin, int c_end) {
+    if (c_end > n_chunks) c_end = n_chunks;
+    if (c_begin >= c_end || pf_row == nullptr) return;
+    const int kb0 = c_begin * kw, kb1 = c_end * kw < nb ? c_end * kw : static_cast<int>(nb);
+    prefetch_l2(pf_row + kb0 * kRowBytesPerBlock, static_cast<uint32_t>((kb1 - kb0) * kRowBytesPerBlock));
+  };
+  constexpr int kBlocksInFlight = (R == 4 || (F == Fmt::Fp8 && R == 2)) ? 4 : 8;
+  constexpr int kCU = kBlocksInFlight / NO > 1 ? kBlocksInFlight / NO : 1;
+  // Lin8: the weights do not depend on earlier kernels; start the first tile's window now.
+  int early_pf_end = kCU;  // the first tile's window start (later tiles: kCU)
+  if constexpr (F == Fmt::Fp8) {
+    if (a.prefetch_chunks > 0 && first_tile < a.out_tiles) {
+      early_pf_end = kCU + a.prefetch_chunks;
+      prefetch_rows(prefetch_row(a.w, first_tile), 0, early_pf_end);
+    }
+  }
+  dev::pdl_enter();
 
   RowGroup<R> grp;
   if constexpr (F == Fmt::Fp8) {
@@ -120,12 +180,10 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
   } else {
     const int64_t row = a.row_base + blockIdx.y;
     const int64_t e = a.expert_ids ? a.expert_ids[row] : 0;
-    if (e < 0 || e >= a.n_experts) {  // an empty slot: zeros in this CTA's tiles
-      for (int64_t t = blockIdx.x; t < a.out_tiles; t += gridDim.x)
-        for (int64_t i = tid; i < tile_rows; i += kThreads) {
-          const int64_t o = t * tile_rows + i;
-          if (o < a.out) a.y[row * a.y_stride + o] = 0.0f;
-        }
+    if (e < 0 || e >= a.n_experts) {  // an empty slot: zeros, spread over the row's CTAs
+      for (int64_t o = static_cast<int64_t>(blockIdx.x) * kThreads + tid; o < a.out;
+           o += static_cast<int64_t>(gridDim.x) * kThreads)
+        a.y[row * a.y_stride + o] = 0.0f;
       return;
     }
     // The pairs of expert e in row order form groups of R; only a group's first row runs it.
@@ -179,7 +237,6 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
     grp.expert = e;
   }
 
-  fill_tables<F>(e4m3_tab, e2m1_tab, reinterpret_cast<uint32_t*>(fold_buf));
   const float* my_e4m3 = e4m3_tab + lane;
   const uint32_t* my_e2m1 = e2m1_tab + lane;
   // this warp's fold buffer: pair p = (r*ns + slot)*NO + j, kw terms (+1 pad: odd stride)
@@ -187,22 +244,23 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
   const int fstride = kw + 1;
   const int pairs = grp.nr * ns * NO;
   constexpr int kFold = (R * NO * 4 + 31) / 32;  // pairs per lane at most (ns <= 4)
-  constexpr int kWW = F == Fmt::Fp8 ? 8 : 4;      // 32-bit words per weight block
-  // chunks whose weights are loaded together: ~8 blocks per lane (fewer where registers run short)
-  constexpr int kBlocksInFlight = (R == 4 || (F == Fmt::Fp8 && R == 2)) ? 4 : 8;
-  constexpr int kCU = kBlocksInFlight / NO > 1 ? kBlocksInFlight / NO : 1;
+  // chunks whose weights are loaded together (kCU, above): ~8 blocks per lane (fewer where
+  // registers run short)
 
   const int64_t snb = (in + 31) / 32;
-  const int64_t n_chunks = (nb + kw - 1) / kw;
   const uint8_t* wbase = F == Fmt::Fp8 ? a.w : a.w + grp.expert * a.out * (in / 2);
   const uint8_t* sbase = F == Fmt::Fp8 ? a.ws : a.ws + grp.expert * a.out * nb;
 
-  for (int64_t tile = blockIdx.x; tile < a.out_tiles; tile += gridDim.x) {
-    const int64_t o_warp = tile * tile_rows + static_cast<int64_t>(warp) * NO * ns;
+  for (int64_t tile = first_tile; tile < a.out_tiles; tile += tile_step) {
+    const int64_t o_warp = tile * tile_rows;
     const int64_t o_lane = o_warp + static_cast<int64_t>(slot) * NO;
     float acc[kFold];
 #pragma unroll
     for (int q = 0; q < kFold; ++q) acc[q] = 0.0f;
+    // chunks below pf_end are requested into L2 already (or are about to be demand-loaded)
+    int pf_end = early_pf_end;
+    early_pf_end = kCU;
+    const uint8_t* pf_row = F == Fmt::Fp8 && a.prefetch_chunks > 0 ? prefetch_row(wbase, tile) : nullptr;
     if (o_warp < a.out) {
       for (int64_t c0 = 0; c0 < n_chunks; c0 += kCU) {
         // weights of kCU chunks x NO rows, issued together (16-byte loads, coalesced over the kw
@@ -228,6 +286,14 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
               for (int i = 0; i < kWW; ++i) wq[u][j][i] = 0;
               wsv[u][j] = 0.0f;
             }
+          }
+        }
+        // keep the L2 window prefetch_chunks ahead of the chunks just loaded (warp-uniform)
+        if (F == Fmt::Fp8 && a.prefetch_chunks > 0) {  // (the launcher gives Lin4 no window)
+          const int want = static_cast<int>(c0) + kCU + a.prefetch_chunks;
+          if (want > pf_end && pf_end < n_chunks) {
+            prefetch_rows(pf_row, pf_end, want);
+            pf_end = want;
           }
         }
 #pragma unroll
@@ -378,22 +444,69 @@ size_t smem_bytes() {
          static_cast<size_t>(kWarps) * (R * NO * 32 + R * NO * 4) * 4;
 }
 
+// DSV41_LIN_NO_L2_PREFETCH=1 turns the L2 window off (for measuring what it brings).
+bool l2_prefetch_enabled() {
+  static const bool on = std::getenv("DSV41_LIN_NO_L2_PREFETCH") == nullptr;
+  return on;
+}
+
+// CTAs of a variant resident per SM (registers, shared memory), once per process.
+template <Fmt F, int R, int NO>
+int resident_per_sm(size_t smem) {
+  static std::atomic<int> cached{0};
+  int n = cached.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, block_scaled_kernel<F, R, NO>, kThreads, smem) != cudaSuccess ||
+      n <= 0) {
+    (void)cudaGetLastError();
+    n = 2;
+  }
+  cached.store(n, std::memory_order_relaxed);
+  return n;
+}
+
 template <Fmt F, int R, int NO>
 cudaError_t launch_one(const BlockScaledArgs& a, int64_t groups, cudaStream_t s) {
   const size_t smem = smem_bytes<F, R, NO>();
   const cudaError_t attr = allow_smem(block_scaled_kernel<F, R, NO>, smem, configured<F, R, NO>());
   if (attr != cudaSuccess) return attr;
+  if (a.out <= 0) return cudaSuccess;  // nothing to write
   BlockScaledArgs b = a;
   const int ns = 32 / b.kw;
-  const int64_t tile_rows = static_cast<int64_t>(kWarps) * NO * ns;
+  const int64_t tile_rows = static_cast<int64_t>(NO) * ns;  // output rows of one warp tile
   b.out_tiles = (b.out + tile_rows - 1) / tile_rows;
-  // resident CTAs per SM by shared memory (227 KB usable); CTAs loop over tiles beyond that
-  // (registers: __launch_bounds__ asks for two CTAs per SM, ptxas usually fits three)
-  const int per_sm = static_cast<int>(std::clamp<size_t>((227 * 1024) / (smem + 1024), 1, 3));
-  const int64_t capacity = static_cast<int64_t>(sm_count()) * per_sm;
-  int64_t gx = capacity / (groups > 0 ? groups : 1);
-  if (gx < 1) gx = 1;
-  if (gx > b.out_tiles) gx = b.out_tiles;
+  const int64_t g = groups > 0 ? groups : 1;
+  // CTAs resident at once (registers usually allow two: __launch_bounds__(kThreads, 2))
+  const int64_t resident = static_cast<int64_t>(sm_count()) * resident_per_sm<F, R, NO>(smem);
+  const bool decode = g <= (F == Fmt::Fp8 ? 4 : 64);
+  const int64_t cta_tiles = (b.out_tiles + kWarps - 1) / kWarps;
+  int64_t gx;
+  if (decode && cta_tiles * g * 4 < resident * 3) {
+    // decode sizes whose CTA tiles would leave over a quarter of the resident CTAs idle (measured on
+    // H200: wo_b 5120x8192 35.3 -> 33.6 us, shared w1 16.8 -> 15.7 us without PDL): one wave of
+    // resident CTAs, the warp tiles dealt evenly over all their warps
+    b.spread = true;
+    gx = std::clamp<int64_t>(resident / g, 1, b.out_tiles);
+  } else {
+    // the grid round 1 measured (CTA tiles, CTAs sized by shared memory): where the CTA tiles fill
+    // the GPU anyway, spreading measured slower (spread + L2 window, no PDL: Lin4 gate/up 34.9 ->
+    // 37.7 us, wq_b 25.1 -> 28.0 us), and for passes of many row groups (prefill)
+    const int per_sm = static_cast<int>(std::clamp<size_t>((227 * 1024) / (smem + 1024), 1, 3));
+    gx = std::clamp<int64_t>(static_cast<int64_t>(sm_count()) * per_sm / g, 1, cta_tiles);
+  }
+  // L2 prefetch window (Lin8 at decode sizes): ~20 MB ahead over all resident warps, 1..8 chunks
+  // per warp (bulk prefetches need 16-byte aligned row ranges). Measured on H200 at m = 1: Lin8
+  // 0.5-1.4 us faster per call (wq_a, wkv, wq_b, shared w1/w2, engram wkv); Lin4 0.5-1 us slower
+  // (its rows are short: many small bulk requests), so the expert bank goes without.
+  if (F == Fmt::Fp8 && decode) {
+    constexpr int64_t kWindowBytes = int64_t{20} << 20;
+    const int64_t block_bytes = F == Fmt::Fp8 ? 32 : 16;
+    const bool aligned = reinterpret_cast<uintptr_t>(b.w) % 16 == 0 && b.in % 32 == 0;
+    const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(gx * g, resident));
+    const int64_t chunk_bytes = 32 * static_cast<int64_t>(NO) * block_bytes;  // one chunk of a warp's rows
+    const int64_t w = kWindowBytes / (ctas * kWarps * chunk_bytes);
+    b.prefetch_chunks = aligned && l2_prefetch_enabled() ? static_cast<int>(std::clamp<int64_t>(w, 1, 8)) : 0;
+  }
   // grid.y is limited to 65535: row groups run in slices
   for (int64_t g0 = 0; g0 < groups; g0 += 65535) {
     const int64_t ng = groups - g0 < 65535 ? groups - g0 : 65535;
@@ -409,8 +522,7 @@ cudaError_t launch_one(const BlockScaledArgs& a, int64_t groups, cudaStream_t s)
       c.rows = a.rows - r0;
     }
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(ng));
-    block_scaled_kernel<F, R, NO><<<grid, kThreads, smem, s>>>(c);
-    const cudaError_t e = cudaGetLastError();
+    const cudaError_t e = launch_pdl(block_scaled_kernel<F, R, NO>, grid, dim3(kThreads), smem, s, c);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;

@@ -7,6 +7,8 @@
 // token with one comb entry per lane. Both keep each sum's order and every rounding.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
+#include "dsv41/model/mix_gemm_parts.h"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -65,6 +67,7 @@ __device__ void split_sinkhorn(const float* m, int hc, const float* base, const 
 // One block per (mix row, token): warp 0 the stream rsqrt statistic (recomputed per row: h is
 // small and L2-resident), warp 1 the row's fp32 GEMV; the scaled mix goes to a.mix (raw).
 __global__ void hc_mix_dots_kernel(HcMixArgs a) {
+  dev::pdl_enter();
   __shared__ float part[2];
   const int64_t i = blockIdx.x, t = blockIdx.y;
   const int64_t k = a.hc * a.dim, n_mix = (2 + a.hc) * a.hc;
@@ -75,25 +78,30 @@ __global__ void hc_mix_dots_kernel(HcMixArgs a) {
     if (threadIdx.x == 0) part[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, static_cast<float>(k)), a.norm_eps)));
   } else {
     const float* w = a.fn + i * k;
-    if (a.k_parts > 0) {
-      // hc_gemm_dot (src/model/ops/mhc.cpp): lane p runs part p's fma chain, lane 0 adds them in order.
+    if (a.k_parts != 0) {
+      // hc_gemm_dot (src/model/ops/mhc.cpp): each lane runs the fma chains of parts lane, lane+32, ..
+      // (dsv41/model/mix_gemm_parts.h); lane 0 adds them in K order.
+      __shared__ float part_sum[kMaxMixParts];
       const int lane = threadIdx.x & 31;
-      const int64_t units = (k + 63) / 64, base = units / a.k_parts, extra = units % a.k_parts;
-      int64_t k0 = (lane * base + (lane < extra ? lane : extra)) * 64;
-      k0 = k0 < k ? k0 : k;
-      int64_t k1 = k0 + (base + (lane < extra ? 1 : 0)) * 64;
-      k1 = k1 < k ? k1 : k;
-      float acc = 0.0f;
-      if (lane < a.k_parts)
+      const int64_t parts = model::mix_gemm_part_count(k, a.k_parts);
+      for (int64_t p = lane; p < parts; p += 32) {
+        int64_t k0, k1;
+        model::mix_gemm_part_range(k, a.k_parts, p, k0, k1);
+        float acc = 0.0f;
         for (int64_t j = k0; j < k1; ++j) acc = fmaf(w[j], h[j], acc);
-      float total = 0.0f;
-      for (int p = 0; p < a.k_parts; ++p) {
-        const float v = __shfl_sync(dev::kFull, acc, p);
-        const int64_t ps = __shfl_sync(dev::kFull, k0, p);
-        if (ps >= k) break;  // the reference stops once K is covered
-        total = p == 0 ? v : __fadd_rn(total, v);
+        part_sum[p] = acc;
       }
-      if (threadIdx.x == 32) part[1] = total;
+      __syncwarp();
+      if (lane == 0) {
+        float total = 0.0f;
+        for (int64_t p = 0; p < parts; ++p) {
+          int64_t k0, k1;
+          model::mix_gemm_part_range(k, a.k_parts, p, k0, k1);
+          if (k0 >= k) break;  // the reference stops once K is covered
+          total = p == 0 ? part_sum[p] : __fadd_rn(total, part_sum[p]);
+        }
+        part[1] = total;
+      }
     } else {
       const float d = dev::warp_gemm_dot([&](int64_t j) { return w[j]; }, [&](int64_t j) { return h[j]; }, k);
       if (threadIdx.x == 32) part[1] = d;
@@ -105,6 +113,7 @@ __global__ void hc_mix_dots_kernel(HcMixArgs a) {
 
 // Sinkhorn split of one token's raw mix, in place.
 __global__ void hc_split_kernel(HcMixArgs a) {
+  dev::pdl_enter();
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= a.n) return;
   const int hc = static_cast<int>(a.hc);
@@ -122,19 +131,10 @@ __global__ void hc_split_kernel(HcMixArgs a) {
 
 // K range [k0, k1) of part p of the mixes GEMM (HcMixArgs::k_parts; 0 = parts of 256).
 __device__ __forceinline__ void mix_part_range(const HcMixArgs& a, int64_t k, int64_t p, int64_t& k0, int64_t& k1) {
-  if (a.k_parts == 0) {
-    k0 = p * dev::kGemmKBlock;
-    k1 = k0 + dev::kGemmKBlock < k ? k0 + dev::kGemmKBlock : k;
-    return;
-  }
-  const int64_t units = (k + 63) / 64, base = units / a.k_parts, extra = units % a.k_parts;
-  k0 = (p * base + (p < extra ? p : extra)) * 64;
-  k0 = k0 < k ? k0 : k;
-  k1 = k0 + (base + (p < extra ? 1 : 0)) * 64;
-  k1 = k1 < k ? k1 : k;
+  model::mix_gemm_part_range(k, a.k_parts, p, k0, k1);
 }
 __host__ __device__ __forceinline__ int64_t mix_parts(const HcMixArgs& a) {
-  return a.k_parts > 0 ? a.k_parts : (a.hc * a.dim + 255) / 256;
+  return model::mix_gemm_part_count(a.hc * a.dim, a.k_parts);
 }
 
 // One block per (mix row, token): the token's streams and the fn row are staged in shared memory
@@ -143,6 +143,7 @@ __host__ __device__ __forceinline__ int64_t mix_parts(const HcMixArgs& a) {
 // the sum's fold cascade, and its lane 0 adds the parts in K order as the unstaged kernel does
 // (from zero for parts of 256; from part 0, stopping once K is covered, for P parts).
 __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMixArgs a) {
+  dev::pdl_enter();
   extern __shared__ float4 smem_f4[];
   const int64_t i = blockIdx.x, t = blockIdx.y;
   const int64_t k = a.hc * a.dim, n_mix = (2 + a.hc) * a.hc, rows = dev::chain_rows_size(k), parts = mix_parts(a);
@@ -194,6 +195,7 @@ __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMi
 // reference's order. Needs hc*hc <= 32.
 template <int HC>
 __global__ void hc_split_warp_kernel(HcMixArgs a) {
+  dev::pdl_enter();
   constexpr int kNm = (2 + HC) * HC;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kSplitWarps + threadIdx.x / 32;
   if (t >= a.n) return;  // uniform per warp
@@ -255,6 +257,7 @@ __global__ void hc_split_warp_kernel(HcMixArgs a) {
 }
 
 __global__ void hc_collapse_kernel(HcCollapseArgs a) {
+  dev::pdl_enter();
   const int64_t total = a.n * a.dim;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -268,6 +271,7 @@ __global__ void hc_collapse_kernel(HcCollapseArgs a) {
 }
 
 __global__ void hc_expand_kernel(HcExpandArgs a) {
+  dev::pdl_enter();
   const int64_t total = a.n * a.dim, n_mix = (2 + a.hc) * a.hc;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -312,30 +316,30 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
     b.h = a.h + t0 * a.hc * a.dim;
     b.mix = a.mix + t0 * (2 + a.hc) * a.hc;
     const dim3 grid(static_cast<unsigned>((2 + a.hc) * a.hc), static_cast<unsigned>(b.n));
-    if (staged) hc_mix_dots_staged_kernel<<<grid, kStagedThreads, staged_smem, s>>>(b);
-    else hc_mix_dots_kernel<<<grid, 64, 0, s>>>(b);
+    if (staged) launch_pdl(hc_mix_dots_staged_kernel, grid, kStagedThreads, staged_smem, s, b);
+    else launch_pdl(hc_mix_dots_kernel, grid, 64, 0, s, b);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
   const unsigned split_blocks = static_cast<unsigned>((a.n + kSplitWarps - 1) / kSplitWarps);
   switch (a.hc) {
-    case 1: hc_split_warp_kernel<1><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
-    case 2: hc_split_warp_kernel<2><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
-    case 3: hc_split_warp_kernel<3><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
-    case 4: hc_split_warp_kernel<4><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
-    case 5: hc_split_warp_kernel<5><<<split_blocks, kSplitWarps * 32, 0, s>>>(a); break;
-    default: hc_split_kernel<<<static_cast<unsigned>((a.n + 63) / 64), 64, 0, s>>>(a); break;
+    case 1: launch_pdl(hc_split_warp_kernel<1>, split_blocks, kSplitWarps * 32, 0, s, a); break;
+    case 2: launch_pdl(hc_split_warp_kernel<2>, split_blocks, kSplitWarps * 32, 0, s, a); break;
+    case 3: launch_pdl(hc_split_warp_kernel<3>, split_blocks, kSplitWarps * 32, 0, s, a); break;
+    case 4: launch_pdl(hc_split_warp_kernel<4>, split_blocks, kSplitWarps * 32, 0, s, a); break;
+    case 5: launch_pdl(hc_split_warp_kernel<5>, split_blocks, kSplitWarps * 32, 0, s, a); break;
+    default: launch_pdl(hc_split_kernel, static_cast<unsigned>((a.n + 63) / 64), 64, 0, s, a); break;
   }
   return cudaGetLastError();
 }
 cudaError_t hc_collapse(const HcCollapseArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
-  hc_collapse_kernel<<<elem_grid(a.n * a.dim), 256, 0, s>>>(a);
+  launch_pdl(hc_collapse_kernel, elem_grid(a.n * a.dim), 256, 0, s, a);
   return cudaGetLastError();
 }
 cudaError_t hc_expand(const HcExpandArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
-  hc_expand_kernel<<<elem_grid(a.n * a.dim), 256, 0, s>>>(a);
+  launch_pdl(hc_expand_kernel, elem_grid(a.n * a.dim), 256, 0, s, a);
   return cudaGetLastError();
 }
 }  // namespace raw

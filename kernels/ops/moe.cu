@@ -9,6 +9,7 @@
 // reference's order and rounding.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -39,6 +40,7 @@ __device__ __forceinline__ void store_score(const RouterArgs& a, int64_t t, int6
 // then each token; thread b runs K block b's chain (gemm_dot_f32), thread 0 adds the blocks in K
 // order from zero.
 __global__ void __launch_bounds__(kScoreThreads) router_scores_staged_kernel(RouterArgs a, int64_t tokens_per_block) {
+  dev::pdl_enter();
   extern __shared__ float4 smem_f4[];
   const int64_t e = blockIdx.x, rows = dev::chain_rows_size(a.dim), blocks = (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
   float* sw = reinterpret_cast<float*>(smem_f4);
@@ -68,6 +70,7 @@ __global__ void __launch_bounds__(kScoreThreads) router_scores_staged_kernel(Rou
 
 // Scores of every (token, expert): one warp per expert, many blocks per token.
 __global__ void router_scores_kernel(RouterArgs a) {
+  dev::pdl_enter();
   const int64_t t = blockIdx.y;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kRouterWarps + threadIdx.x / 32;
   if (e >= a.n_experts) return;
@@ -84,6 +87,7 @@ __global__ void router_scores_kernel(RouterArgs a) {
 // travels with it through the warp argmax.
 template <int kPerLane>
 __global__ void router_select_kernel(RouterArgs a) {
+  dev::pdl_enter();
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x & 31;
   const float* score = a.scratch + t * 2 * a.n_experts;
@@ -139,6 +143,7 @@ __global__ void router_select_kernel(RouterArgs a) {
 }
 
 __global__ void swiglu_kernel(SwigluArgs a) {
+  dev::pdl_enter();
   const int64_t total = a.rows * a.inter;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -154,6 +159,7 @@ __global__ void swiglu_kernel(SwigluArgs a) {
 }
 
 __global__ void moe_combine_kernel(MoeCombineArgs a) {
+  dev::pdl_enter();
   const int64_t total = a.n * a.dim;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -180,6 +186,7 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
 // >= 0 increasing, the first slot of each id, as the repeated minimum of moe_combine_kernel picks
 // them) is found once per block; each thread then adds its column's routed rows in that order.
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_ordered_kernel(MoeCombineArgs a) {
+  dev::pdl_enter();
   __shared__ int32_t ids[kMaxCombineTopk];
   __shared__ int32_t order[kMaxCombineTopk];
   const int64_t t = blockIdx.y, d = static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x;
@@ -241,16 +248,16 @@ cudaError_t router(const RouterArgs& a, cudaStream_t s) {
     b.scratch = a.scratch + t0 * 2 * a.n_experts;
     if (staged) {
       const dim3 grid(static_cast<unsigned>(a.n_experts), static_cast<unsigned>((b.n + tokens_per_block - 1) / tokens_per_block));
-      router_scores_staged_kernel<<<grid, kScoreThreads, staged_smem, s>>>(b, tokens_per_block);
+      launch_pdl(router_scores_staged_kernel, grid, kScoreThreads, staged_smem, s, b, tokens_per_block);
     } else {
       const dim3 grid(static_cast<unsigned>((a.n_experts + kRouterWarps - 1) / kRouterWarps), static_cast<unsigned>(b.n));
-      router_scores_kernel<<<grid, kRouterWarps * 32, 0, s>>>(b);
+      launch_pdl(router_scores_kernel, grid, kRouterWarps * 32, 0, s, b);
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    if (a.n_experts <= 128) router_select_kernel<4><<<static_cast<unsigned>(b.n), 32, 0, s>>>(b);
-    else if (a.n_experts <= 512) router_select_kernel<16><<<static_cast<unsigned>(b.n), 32, 0, s>>>(b);
-    else router_select_kernel<kMaxExperts / 32><<<static_cast<unsigned>(b.n), 32, 0, s>>>(b);
+    if (a.n_experts <= 128) launch_pdl(router_select_kernel<4>, static_cast<unsigned>(b.n), 32, 0, s, b);
+    else if (a.n_experts <= 512) launch_pdl(router_select_kernel<16>, static_cast<unsigned>(b.n), 32, 0, s, b);
+    else launch_pdl(router_select_kernel<kMaxExperts / 32>, static_cast<unsigned>(b.n), 32, 0, s, b);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -258,13 +265,13 @@ cudaError_t router(const RouterArgs& a, cudaStream_t s) {
 }
 cudaError_t swiglu(const SwigluArgs& a, cudaStream_t s) {
   if (a.rows == 0) return cudaSuccess;
-  swiglu_kernel<<<elem_grid(a.rows * a.inter), 256, 0, s>>>(a);
+  launch_pdl(swiglu_kernel, elem_grid(a.rows * a.inter), 256, 0, s, a);
   return cudaGetLastError();
 }
 cudaError_t moe_combine(const MoeCombineArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
   if (a.top_k > kMaxCombineTopk) {
-    moe_combine_kernel<<<elem_grid(a.n * a.dim), 256, 0, s>>>(a);
+    launch_pdl(moe_combine_kernel, elem_grid(a.n * a.dim), 256, 0, s, a);
     return cudaGetLastError();
   }
   for (int64_t t0 = 0; t0 < a.n; t0 += 65535) {  // grid.y limit
@@ -275,7 +282,7 @@ cudaError_t moe_combine(const MoeCombineArgs& a, cudaStream_t s) {
     b.shared = a.shared + t0 * a.dim;
     b.out = a.out + t0 * a.dim;
     const dim3 grid(static_cast<unsigned>((a.dim + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(b.n));
-    moe_combine_ordered_kernel<<<grid, kCombineThreads, 0, s>>>(b);
+    launch_pdl(moe_combine_ordered_kernel, grid, kCombineThreads, 0, s, b);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

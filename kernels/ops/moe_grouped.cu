@@ -20,6 +20,7 @@
 #include <cuda_fp8.h>
 
 #include "ops/moe_grouped.h"
+#include "ops/pdl.cuh"
 #include "ops/ops_common.cuh"
 
 namespace dsv41::ops::gpu {
@@ -56,6 +57,7 @@ struct SortView {
 // ---- bucketing: counting sort of the pairs by expert, and the tile list ----
 __global__ void __launch_bounds__(kBucketThreads) moe_bucket_kernel(const int32_t* ids, int pairs, int n_experts,
                                                                      SortView v) {
+  dev::pdl_enter();
   __shared__ int count[kBucketThreads];
   __shared__ int cursor[kBucketThreads];
   __shared__ unsigned long long warp_total[32];
@@ -354,6 +356,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
 // steps are rounded up to 1, 2, 4 or 8 (compile-time loop bounds).
 template <bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const MoeGroupedArgs a, const SortView v) {
+  dev::pdl_enter();
   extern __shared__ __align__(16) uint8_t smem[];
   const int tile = static_cast<int>(blockIdx.y);
   if (tile >= *v.n_tiles) return;
@@ -371,6 +374,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gemm_kernel(const MoeGroupedA
 
 // Rows of pairs without a bank expert are zero (the combine adds them; TP ranks all-reduce them).
 __global__ void zero_skipped_rows_kernel(const int32_t* ids, int64_t pairs, int n_experts, float* y, int64_t dim) {
+  dev::pdl_enter();
   for (int64_t p = blockIdx.x; p < pairs; p += gridDim.x) {
     const int e = ids[p];
     if (e >= 0 && e < n_experts) continue;
@@ -392,14 +396,14 @@ cudaError_t moe_grouped(const MoeGroupedArgs& a, cudaStream_t s) {
   v.tile_expert = v.n_tiles + 1;
   v.tile_start = v.tile_expert + T;
   v.perm = v.tile_start + T;
-  moe_bucket_kernel<<<1, kBucketThreads, 0, s>>>(a.expert_ids, static_cast<int>(pairs), E, v);
+  launch_pdl(moe_bucket_kernel, 1, kBucketThreads, 0, s, a.expert_ids, static_cast<int>(pairs), E, v);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
   err = allow_dynamic_smem<moe_gemm_kernel<true>>(kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid_gu(static_cast<unsigned>((inter + kRowsA / 2 - 1) / (kRowsA / 2)), static_cast<unsigned>(T));
-  moe_gemm_kernel<true><<<grid_gu, kThreads, kSmemBytes, s>>>(a, v);
+  launch_pdl(moe_gemm_kernel<true>, grid_gu, kThreads, kSmemBytes, s, a, v);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
@@ -416,11 +420,11 @@ cudaError_t moe_grouped(const MoeGroupedArgs& a, cudaStream_t s) {
   err = allow_dynamic_smem<moe_gemm_kernel<false>>(kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid_down(static_cast<unsigned>((dim + kRowsA - 1) / kRowsA), static_cast<unsigned>(T));
-  moe_gemm_kernel<false><<<grid_down, kThreads, kSmemBytes, s>>>(a, v);
+  launch_pdl(moe_gemm_kernel<false>, grid_down, kThreads, kSmemBytes, s, a, v);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
-  zero_skipped_rows_kernel<<<static_cast<unsigned>(pairs < 4096 ? pairs : 4096), 256, 0, s>>>(a.expert_ids, pairs, E,
+  launch_pdl(zero_skipped_rows_kernel, static_cast<unsigned>(pairs < 4096 ? pairs : 4096), 256, 0, s, a.expert_ids, pairs, E,
                                                                                               a.y, dim);
   return cudaGetLastError();
 }

@@ -7,6 +7,7 @@
 // 37 µs for a 5120-wide row.) Rows too wide for shared memory take the unstaged warp-per-row form.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -15,6 +16,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = 4;  // unstaged form: one warp per row
 
 __global__ void __launch_bounds__(kThreads) rms_norm_staged_kernel(RmsNormArgs a) {
+  dev::pdl_enter();
   extern __shared__ float4 smem_f4[];
   float* sx = reinterpret_cast<float*>(smem_f4);
   float* sw = sx + (a.d + 3) / 4 * 4;
@@ -36,6 +38,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_staged_kernel(RmsNormArgs a
 }
 
 __global__ void rms_norm_kernel(RmsNormArgs a) {
+  dev::pdl_enter();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= a.rows) return;
   const float* x = a.x + row * a.x_stride;
@@ -56,11 +59,11 @@ cudaError_t rms_norm(const RmsNormArgs& a, cudaStream_t s) {
   if (smem <= kMaxStagedSmem && a.rows <= 0x7fffffff) {
     const cudaError_t e = allow_dynamic_smem<rms_norm_staged_kernel>(smem);
     if (e != cudaSuccess) return e;
-    rms_norm_staged_kernel<<<static_cast<unsigned>(a.rows), kThreads, smem, s>>>(a);
+    launch_pdl(rms_norm_staged_kernel, static_cast<unsigned>(a.rows), kThreads, smem, s, a);
     return cudaGetLastError();
   }
   const unsigned blocks = static_cast<unsigned>((a.rows + kWarps - 1) / kWarps);
-  rms_norm_kernel<<<blocks, kWarps * 32, 0, s>>>(a);
+  launch_pdl(rms_norm_kernel, blocks, kWarps * 32, 0, s, a);
   return cudaGetLastError();
 }
 }  // namespace raw

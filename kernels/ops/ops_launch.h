@@ -100,6 +100,7 @@ struct DenseArgs {
 
 // ---- mHC ----------------------------------------------------------------------------------------
 // mix row layout per token: pre[hc], post[hc], comb[hc*hc] (comb[j*hc+k]: input j, output k).
+inline constexpr int64_t kMaxMixParts = 256;  // K parts of one mixes dot (HcMixArgs::k_parts)
 struct HcMixArgs {
   const float* h = nullptr;  // [n][hc][dim]
   int64_t n = 0, hc = 0, dim = 0;
@@ -114,9 +115,10 @@ struct HcMixArgs {
   // (t_ref0+t)*hc, 0, hc) elements take the vectorised exp, the rest libm's. rows_ref < 0: every
   // element vectorised (the CPU's hc_mix without an arithmetic argument).
   int64_t t_ref0 = 0, rows_ref = -1;
-  // K partition of the mixes GEMM (HcMixArithmetic::k_parts): 0 = fma chains of 256 added in K
-  // order; P in 1..32 = P parts of whole 64-element units (the first K/64 mod P one unit longer),
-  // each one fma chain, added in order.
+  // K order of the mixes GEMM (HcMixArithmetic::k_parts, dsv41/model/mix_gemm_parts.h): 0 = fma
+  // chains of 256 added in K order; -1 = the BLAS's blocked order (chains of 384, the rest
+  // halved); P in 1..32 = P parts of whole 64-element units (the first K/64 mod P one unit longer),
+  // each one fma chain, added in order. At most kMaxMixParts parts.
   int64_t k_parts = 0;
 };
 struct HcCollapseArgs {

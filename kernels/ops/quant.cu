@@ -3,6 +3,7 @@
 // max, scales by the reference's bit trick, so codes and scales are exact.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -18,6 +19,7 @@ __device__ __forceinline__ float half_warp_max(float v) {
 
 // One warp per 32-block; grid-stride over (row, block).
 __global__ void act_quant8_kernel(ActQuantArgs a) {
+  dev::pdl_enter();
   const int64_t nb = a.k / 32, total = a.rows * nb;
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -33,6 +35,7 @@ __global__ void act_quant8_kernel(ActQuantArgs a) {
 }
 
 __global__ void qdq_kernel(QdqArgs a) {
+  dev::pdl_enter();
   const int64_t nb = a.k / 32, total = a.rows * nb;
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -69,12 +72,12 @@ unsigned grid_for(int64_t warps_needed) {
 namespace raw {
 cudaError_t act_quant8(const ActQuantArgs& a, cudaStream_t s) {
   if (a.rows == 0) return cudaSuccess;
-  act_quant8_kernel<<<grid_for(a.rows * (a.k / 32)), 256, 0, s>>>(a);
+  launch_pdl(act_quant8_kernel, grid_for(a.rows * (a.k / 32)), 256, 0, s, a);
   return cudaGetLastError();
 }
 cudaError_t qdq(const QdqArgs& a, cudaStream_t s) {
   if (a.rows == 0) return cudaSuccess;
-  qdq_kernel<<<grid_for(a.rows * (a.k / 32)), 256, 0, s>>>(a);
+  launch_pdl(qdq_kernel, grid_for(a.rows * (a.k / 32)), 256, 0, s, a);
   return cudaGetLastError();
 }
 }  // namespace raw

@@ -2,11 +2,13 @@
 // p·f_i and cos/sin are taken in double and rounded once, as the CPU reference does.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
 
 __global__ void rope_kernel(RopeArgs a) {
+  dev::pdl_enter();
   const int64_t half = a.rope_dim / 2;
   const int64_t total = a.rows * a.vecs * half;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -31,7 +33,7 @@ cudaError_t rope(const RopeArgs& a, cudaStream_t s) {
   const int64_t total = a.rows * a.vecs * (a.rope_dim / 2);
   if (total == 0) return cudaSuccess;
   const int64_t blocks = (total + 255) / 256;
-  rope_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0, s>>>(a);
+  launch_pdl(rope_kernel, static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0, s, a);
   return cudaGetLastError();
 }
 }  // namespace raw

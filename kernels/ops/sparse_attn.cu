@@ -12,6 +12,7 @@
 
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -36,6 +37,7 @@ __host__ __device__ size_t smem_bytes(int64_t d, int hpb) {
 }
 
 __global__ void sparse_attn_kernel(SparseAttnArgs a, int hpb) {
+  dev::pdl_enter();
   extern __shared__ __align__(16) unsigned char raw_smem[];
   const int64_t d = a.d;
   Smem sm;
@@ -232,6 +234,7 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 __global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(SparseAttnArgs a) {
+  dev::pdl_enter();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char raw_smem[];
   namespace cg = cooperative_groups;
@@ -482,7 +485,7 @@ cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, 
     if (dev >= 0 && dev < 64) configured[dev] = want;
   }
   const dim3 grid(static_cast<unsigned>(a.n_q), static_cast<unsigned>((a.heads + heads_per_block - 1) / heads_per_block));
-  sparse_attn_kernel<<<grid, kThreads, smem, s>>>(a, heads_per_block);
+  launch_pdl(sparse_attn_kernel, grid, kThreads, smem, s, a, heads_per_block);
   return cudaGetLastError();
 }
 
@@ -518,14 +521,20 @@ cudaError_t sparse_attention_split(const SparseAttnArgs& a, cudaStream_t s) {
   cfg.blockDim = dim3(kSplitThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kCluster;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, sparse_attn_split_kernel, a);
+  cfg.numAttrs = add_pdl_attribute(attr, 1);  // programmatic dependent launch, as launch_pdl
+  e = cudaLaunchKernelEx(&cfg, sparse_attn_split_kernel, a);
+  if (e != cudaSuccess && cfg.numAttrs > 1) {  // a stream or driver that rejects PDL with clusters
+    (void)cudaGetLastError();
+    cfg.numAttrs = 1;
+    e = cudaLaunchKernelEx(&cfg, sparse_attn_split_kernel, a);
+  }
+  return e;
 }
 
 // Few queries: the split kernel (the rows kernel would leave most of the GPU idle); many queries:

@@ -5,6 +5,7 @@
 // pitfall 10); this kernel takes the lowest indices. One block per row.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -37,6 +38,7 @@ __device__ int block_exclusive_scan(int flag, int* warp_sums, int& total) {
 }
 
 __global__ void topk_kernel(TopkArgs a) {
+  dev::pdl_enter();
   __shared__ int hist[256];
   __shared__ int warp_sums[kThreads / 32];
   __shared__ uint32_t s_prefix;
@@ -95,7 +97,7 @@ __global__ void topk_kernel(TopkArgs a) {
 namespace raw {
 cudaError_t topk_sorted(const TopkArgs& a, cudaStream_t s) {
   if (a.rows == 0 || a.k == 0) return cudaSuccess;
-  topk_kernel<<<static_cast<unsigned>(a.rows), kThreads, 0, s>>>(a);
+  launch_pdl(topk_kernel, static_cast<unsigned>(a.rows), kThreads, 0, s, a);
   return cudaGetLastError();
 }
 }  // namespace raw

@@ -3,11 +3,13 @@
 // indexer's top-k, encoded for sparse_attention's two row pools.
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
 
 __global__ void attn_lists_kernel(AttnListArgs a) {
+  dev::pdl_enter();
   const int64_t len = a.win_len + a.topk_len, total = a.n * len;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -31,6 +33,7 @@ __global__ void attn_lists_kernel(AttnListArgs a) {
 }
 
 __global__ void stage_window_kernel(StageWindowArgs a, int64_t pos_base) {
+  dev::pdl_enter();
   const int64_t rows = a.start - pos_base + a.n, total = rows * a.d;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -49,14 +52,14 @@ unsigned elem_grid(int64_t total) {
 namespace raw {
 cudaError_t attn_lists(const AttnListArgs& a, cudaStream_t s) {
   if (a.n == 0 || a.win_len + a.topk_len == 0) return cudaSuccess;
-  attn_lists_kernel<<<elem_grid(a.n * (a.win_len + a.topk_len)), 256, 0, s>>>(a);
+  launch_pdl(attn_lists_kernel, elem_grid(a.n * (a.win_len + a.topk_len)), 256, 0, s, a);
   return cudaGetLastError();
 }
 cudaError_t stage_window(const StageWindowArgs& a, cudaStream_t s) {
   const int64_t pos_base = a.start - a.win + 1 > 0 ? a.start - a.win + 1 : 0;
   const int64_t total = (a.start - pos_base + a.n) * a.d;
   if (total == 0) return cudaSuccess;
-  stage_window_kernel<<<elem_grid(total), 256, 0, s>>>(a, pos_base);
+  launch_pdl(stage_window_kernel, elem_grid(total), 256, 0, s, a, pos_base);
   return cudaGetLastError();
 }
 }  // namespace raw

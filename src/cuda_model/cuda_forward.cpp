@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "dsv41/common/error.h"
+#include "dsv41/model/mix_gemm_parts.h"
 
 namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
@@ -111,7 +112,7 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
     // step's single row, or the one-shot prefill of the whole prompt.
     a.t_ref0 = p.decode ? 0 : p.start;
     a.rows_ref = p.decode ? 1 : p.layout_end;
-    a.k_parts = p.decode ? 0 : opts.mix_gemm_k_parts;
+    a.k_parts = p.decode ? model::kMixGemmChunks : model::resolve_mix_gemm_parts(opts.mix_gemm_k_parts, p.layout_end);
     if (p.decode && n > 1) {
       // Batched decode: every row is row 0 of its own one-row call, whose first
       // clamp(floor(hc/16)*16, 0, hc) pre/post elements take the vector path; as hc <= 16 that is

@@ -9,6 +9,7 @@
 #include "dsv41/common/parallel.h"
 #include "model/ops/torch_sum.h"
 #include "model/ops/dot.h"
+#include "dsv41/model/mix_gemm_parts.h"
 #include "model/cpu_impl.h"
 #include "model/linears.h"
 #include "model/ops/mhc.h"
@@ -193,7 +194,7 @@ void CpuModel::Impl::block_forward(const BlockWeights& b, CpuSeqState& st, Chunk
   // prefill of the whole prompt.
   const bool decode = !dctx && n == 1 && start > 0 && start >= st.prompt_len;
   const int64_t rows_ref = dctx ? n : decode ? 1 : std::max(start + n, st.prompt_len);
-  const int64_t k_parts = dctx || decode ? 0 : opts.mix_gemm_k_parts;
+  const int64_t k_parts = dctx || decode ? kMixGemmChunks : resolve_mix_gemm_parts(opts.mix_gemm_k_parts, rows_ref);
   auto arith = [&](int64_t t) { return hc_mix_arithmetic(hc, dctx || decode ? t : start + t, rows_ref, k_parts); };
   parallel_for(n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "dsv41/common/error.h"
+#include "dsv41/model/mix_gemm_parts.h"
 #include "dsv41/ops/gpu_buffer.h"
 
 namespace dsv41::ops::gpu {
@@ -80,7 +81,10 @@ void hc_mix(const HcMixArgs& a, cudaStream_t s) {
   DSV_CHECK(a.hc >= 1 && a.hc <= 16 && a.dim > 0 && a.n >= 0 && a.iters >= 1, "hc_mix: hc={} (1..16) dim={} iters={}",
             a.hc, a.dim, a.iters);
   DSV_CHECK(a.n == 0 || (a.h && a.fn && a.base && a.scale && a.mix), "hc_mix: all pointers must be set");
-  DSV_CHECK(a.k_parts >= 0 && a.k_parts <= 32, "hc_mix: k_parts={} outside 0..32", a.k_parts);
+  DSV_CHECK(a.k_parts >= model::kMixGemmBlocked && a.k_parts <= 32, "hc_mix: k_parts={} outside -1..32", a.k_parts);
+  DSV_CHECK(model::mix_gemm_part_count(a.hc * a.dim, a.k_parts) <= kMaxMixParts,
+            "hc_mix: {} K parts over K = {} (at most {})", model::mix_gemm_part_count(a.hc * a.dim, a.k_parts),
+            a.hc * a.dim, kMaxMixParts);
   launched(raw::hc_mix(a, s), "hc_mix launch");
 }
 

@@ -6,6 +6,11 @@
 // profile before the staged kernels (bench/RESULTS.md, batch 1, CUPTI kernel time) where it has
 // one. µs per call are given launched back to back on a stream and replayed from a CUDA graph.
 //
+// Programmatic dependent launch (kernels/ops/pdl.cuh) is on unless DSV41_NO_PDL is set: run the
+// benchmark both ways to see its gain (the header line says which). "layer chain" runs a decode
+// layer's sequence of small ops (18 kernels, as the forward orders them, without the linears and
+// attention) per call: its stream and graph columns show the boundaries between different kernels.
+//
 // Every op's output is checked once (at m = 2) against the CPU reference engine's function; the
 // exit status is 1 when a check fails.
 #include <algorithm>
@@ -163,6 +168,8 @@ int main() {
   DeviceBuffer dcodes(static_cast<size_t>(m_max * dim)), dqs(static_cast<size_t>(m_max * dim / 32) * 4);
   DeviceBuffer dq = DeviceBuffer::from(q), dpos = DeviceBuffer::from(pos), dfreq = DeviceBuffer::from(rope_table.freqs());
 
+  DeviceBuffer dffn(static_cast<size_t>(m_max * dim) * 4);  // the layer chain's FFN output
+  std::printf("programmatic dependent launch: %s\n", std::getenv("DSV41_NO_PDL") ? "off (DSV41_NO_PDL)" : "on");
   std::printf("%-14s %5s %10s %10s %12s %9s %9s %10s\n", "op", "m", "stream us", "graph us", "bytes", "GB/s", "% copy",
               "before us");
   for (const int64_t m : ms) {
@@ -380,6 +387,67 @@ int main() {
         check_close("rope", dq.to_host<float>(want.size()), want, kNmseBf16);
       }
       report("rope", m, [&](cudaStream_t st) { gpu::rope(a, st); }, f4 * 2 * m * H * rd, 0.0);
+    }
+    // ---- the small ops of one decode layer, back to back ----
+    {
+      gpu::HcMixArgs mix;
+      mix.h = dh.as<float>();
+      mix.n = m;
+      mix.hc = hc;
+      mix.dim = dim;
+      mix.fn = dfn.as<float>();
+      mix.base = dbase.as<float>();
+      mix.scale = dscale.as<float>();
+      mix.iters = c.hc_sinkhorn_iters;
+      mix.hc_eps = static_cast<float>(c.hc_eps);
+      mix.norm_eps = eps;
+      mix.mix = dmix.as<float>();
+      mix.rows_ref = m;
+      gpu::RouterArgs ra;
+      ra.x = dout.as<float>();
+      ra.n = m;
+      ra.dim = dim;
+      ra.gate_w = dgw.as<float>();
+      ra.gate_bias = dgb.as<float>();
+      ra.n_experts = E;
+      ra.top_k = K;
+      ra.temp = static_cast<float>(c.gate_temp);
+      ra.norm_topk = c.norm_topk_prob;
+      ra.route_scale = static_cast<float>(c.routed_scaling_factor);
+      ra.ids = dids.as<int32_t>();
+      ra.weights = dwts.as<float>();
+      ra.scratch = dscr.as<float>();
+      const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(dim), -0.5));
+      gpu::RopeArgs rp;
+      rp.v = dq.as<float>() + hd - rd;
+      rp.rows = m;
+      rp.vecs = H;
+      rp.vec_stride = hd;
+      rp.row_stride = H * hd;
+      rp.freqs = dfreq.as<float>();
+      rp.rope_dim = rd;
+      rp.positions = dpos.as<int64_t>();
+      auto layer = [&](cudaStream_t st) {
+        // attention half: mix, collapse, norm, quantise, rotary, expand; FFN half: Engram gate, mix,
+        // collapse, norm, router, SwiGLU, combine, expand
+        gpu::hc_mix(mix, st);
+        gpu::hc_collapse(gpu::HcCollapseArgs{dh.as<float>(), dmix.as<float>(), n_mix, m, hc, dim, dout.as<float>()}, st);
+        gpu::rms_norm(gpu::RmsNormArgs{dout.as<float>(), dim, dnw.as<float>(), dout.as<float>(), dim, m, dim, eps}, st);
+        gpu::act_quant8(gpu::ActQuantArgs{dout.as<float>(), m, dim, dim, dcodes.as<uint8_t>(), dqs.as<float>()}, st);
+        gpu::rope(rp, st);
+        gpu::hc_expand(gpu::HcExpandArgs{dx.as<float>(), dh2.as<float>(), dmixv.as<float>(), m, hc, dim}, st);
+        gpu::engram_gate(gpu::EngramGateArgs{deh.as<float>(), dkv.as<float>(), degw.as<float>(), m, hc, dim, eps, inv_sqrt_dim}, st);
+        gpu::hc_mix(mix, st);
+        gpu::hc_collapse(gpu::HcCollapseArgs{dh.as<float>(), dmix.as<float>(), n_mix, m, hc, dim, dout.as<float>()}, st);
+        gpu::rms_norm(gpu::RmsNormArgs{dout.as<float>(), dim, dnw.as<float>(), dout.as<float>(), dim, m, dim, eps}, st);
+        gpu::router(ra, st);
+        gpu::swiglu(gpu::SwigluArgs{dg.as<float>(), du.as<float>(), m * K, inter, drw.as<float>(), static_cast<float>(c.swiglu_limit),
+                                    dact.as<float>()},
+                    st);
+        gpu::moe_combine(gpu::MoeCombineArgs{drouted.as<float>(), dcids.as<int32_t>(), m, K, dim, dshared.as<float>(), dffn.as<float>()}, st);
+        gpu::hc_expand(gpu::HcExpandArgs{dffn.as<float>(), dh2.as<float>(), dmixv.as<float>(), m, hc, dim}, st);
+      };
+      report("layer chain", m, layer, 0.0, 0.0);
     }
   }
   if (cudaDeviceSynchronize() != cudaSuccess) {

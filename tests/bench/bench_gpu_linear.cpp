@@ -8,7 +8,8 @@
 // prints µs/call, the bytes one call must read (weights + scales + activations + outputs), GB/s and
 // the share of the 4.3 TB/s copy ceiling; before timing, one call is compared bit for bit with the
 // CPU reference engine's own Linear (on a subset of rows / outputs where the full CPU product would
-// take long). Exit code 1 when any comparison fails.
+// take long). Exit code 1 when any comparison fails. Calls run back to back on one non-blocking
+// stream, as in the model, so programmatic dependent launch overlaps a call with the previous one.
 //
 // Usage: bench_gpu_linear [--quick]   (--quick: m = 1 only, fewer iterations)
 #include <cuda_runtime.h>
@@ -39,6 +40,7 @@ constexpr double kCopyGBs = 4300.0;
 constexpr size_t kRotateBytes = size_t{512} << 20;  // weights touched across the rotation (> 10x L2)
 
 int g_failures = 0;
+cudaStream_t g_stream = nullptr;  // the stream every timed call runs on
 
 // Fast deterministic filler (xorshift64*): gigabytes of random codes in well under a second.
 struct Fast {
@@ -138,6 +140,7 @@ struct QuantAct {
     a.codes = codes.as<uint8_t>();
     a.scales = scales.as<float>();
     gpu::act_quant8(a, nullptr);
+    gpu::check_cuda(cudaDeviceSynchronize(), "act_quant8");  // the timed calls run on another stream
   }
 };
 
@@ -176,9 +179,9 @@ double time_calls(F call, int iters) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  cudaEventRecord(a);
+  cudaEventRecord(a, g_stream);
   for (int i = 0; i < iters; ++i) call(i);
-  cudaEventRecord(b);
+  cudaEventRecord(b, g_stream);
   cudaEventSynchronize(b);
   float ms = 0;
   cudaEventElapsedTime(&ms, a, b);
@@ -227,7 +230,7 @@ void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vec
     auto call = [&](int i) {
       const int c = i % copies;
       a.w = {dw.as<uint8_t>() + wbytes * c, ds.as<uint8_t>() + sbytes * c, in, out};
-      gpu::lin8(a, nullptr);
+      gpu::lin8(a, g_stream);
     };
     call(0);
     gpu::check_cuda(cudaDeviceSynchronize(), "lin8");
@@ -304,7 +307,7 @@ void bench_lin4(const std::string& name, int64_t in, int64_t out, int64_t n_expe
     a.y_stride = out;
     auto call = [&](int i) {
       a.expert_ids = dids.as<int32_t>() + static_cast<int64_t>(i % n_sets) * rows;
-      gpu::lin4(a, nullptr);
+      gpu::lin4(a, g_stream);
     };
     call(0);
     gpu::check_cuda(cudaDeviceSynchronize(), "lin4");
@@ -396,7 +399,7 @@ void bench_dense(const std::string& name, gpu::DenseType wt, int64_t in, int64_t
     a.round_bf16 = round;
     auto call = [&](int i) {
       a.w = dw.as<uint8_t>() + wbytes * (i % copies);
-      gpu::lin_dense(a, nullptr);
+      gpu::lin_dense(a, g_stream);
     };
     call(0);
     gpu::check_cuda(cudaDeviceSynchronize(), "lin_dense");
@@ -425,6 +428,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);
     std::printf("device %s, %d SMs; copy ceiling %.0f GB/s\n", prop.name, prop.multiProcessorCount, kCopyGBs);
+    gpu::check_cuda(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking), "stream");
     const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 256};
     const std::vector<int64_t> ms_decode = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4};
     const int it = quick ? 10 : 30;

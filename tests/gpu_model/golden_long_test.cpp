@@ -1,8 +1,7 @@
-// tiny-long through the CUDA backend against DeepSeek's reference outputs, with the arithmetic
-// the CPU engine's reference test uses for this fixture (tests/reference/golden_tiny_long_test.cpp:
-// the 300-token prefill's mixes GEMM in 3 K parts): greedy ids identical, argmax identical at
-// every prefill position, logits within 1e-2 of the golden row range; one shot and in chunks of
-// 7 and 64.
+// tiny-long through the CUDA backend against DeepSeek's reference outputs with the engine's
+// defaults (its 300-token prefill takes the blocked K order of the mixes GEMM, as in
+// tests/model/golden_tiny_long_test.cpp): greedy ids identical, argmax identical at every prefill
+// position, logits within 1e-2 of the golden row range; one shot and in chunks of 7 and 64.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -19,7 +18,6 @@ using namespace dsv41;
 namespace {
 
 const std::string kDir = std::string(DSV41_FIXTURES_DIR) + "/tiny-long";
-constexpr int64_t kTinyLongMixParts = 3;
 
 std::vector<int32_t> i32(const TensorInfo& t) {
   std::vector<int32_t> v(static_cast<size_t>(t.numel()));
@@ -37,7 +35,6 @@ void check_long(int64_t chunk) {
   model::CudaModelOptions o;
   o.engram_token_map = kDir + "/engram_token_map.safetensors";
   o.max_context = static_cast<int64_t>(prompt.size()) + N;
-  o.mix_gemm_k_parts = kTinyLongMixParts;
   auto m = model::CudaModel::load(kDir + "/model", o);
   const test::Run r = test::run_steps(*m, prompt, chunk, N);
   EXPECT_EQ(test::argmax_mismatches(r.prefill, want_prefill, V), 0) << "prefill argmax mismatches";

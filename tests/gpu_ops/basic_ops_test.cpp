@@ -230,7 +230,7 @@ TEST(GpuOps, HcMixCollapseExpand) {
 // The pre/post sigmoids follow the reference call's vector body / scalar tail split per token
 // (src/model/ops/mhc.h HcMixArithmetic): a prefill chunk of the rows of a longer call, a decode
 // row, and the default (all vectorised); with the mixes GEMM in parts of 256 and in P parts of
-// 64-element units (HcMixArithmetic::k_parts). Bit-exact against the CPU engine.
+// 64-element units and in the blocked order (HcMixArithmetic::k_parts). Bit-exact against the CPU engine.
 TEST(GpuOps, HcMixSigmoidPathsExact) {
   for (const Shapes& s : shape_sets()) {
     const ModelConfig& c = s.cfg;
@@ -242,7 +242,7 @@ TEST(GpuOps, HcMixSigmoidPathsExact) {
     Guarded dh = Guarded::from(h), dfn = Guarded::from(fn), dbase = Guarded::from(base), dscale = Guarded::from(scale);
     const struct {
       int64_t t_ref0, rows_ref, k_parts;
-    } calls[] = {{0, 9, 0}, {5, 13, 0}, {0, 1, 0}, {0, -1, 0}, {2, 40, 0}, {290, 300, 3}, {0, 9, 5}, {4, 9, 1}};
+    } calls[] = {{0, 9, 0}, {5, 13, 0}, {0, 1, 0}, {0, -1, 0}, {2, 40, 0}, {290, 300, 3}, {290, 300, -1}, {0, 9, 5}, {4, 9, 1}};
     for (const auto& call : calls) {
       const std::string what = s.name + " mix t_ref0=" + std::to_string(call.t_ref0) + " rows_ref=" +
                                std::to_string(call.rows_ref) + " k_parts=" + std::to_string(call.k_parts);

@@ -52,7 +52,7 @@ TEST(GpuOpsLatency, RmsNormFewRowsUnalignedInPlace) {
 }
 
 // hc_mix at decode-sized batches and at 33 tokens (staged dots for parts of 256, the unstaged form
-// for P parts), with the K partitions and sigmoid paths of HcMixSigmoidPathsExact; bit-exact.
+// for P parts and the blocked order, whose 54 parts at the real K exceed a warp), with the K partitions and sigmoid paths of HcMixSigmoidPathsExact; bit-exact.
 TEST(GpuOpsLatency, HcMixFewTokensExact) {
   for (const Shapes& s : shape_sets()) {
     const ModelConfig& c = s.cfg;
@@ -74,7 +74,8 @@ TEST(GpuOpsLatency, HcMixFewTokensExact) {
       int64_t n, t_ref0, rows_ref, k_parts;
       bool unaligned;
     } calls[] = {{1, 0, 1, 0, false},  {1, 0, -1, 0, true}, {2, 0, 2, 0, false}, {4, 7, 300, 3, false},
-                 {4, 0, 4, 1, true},   {3, 2, 9, 5, false}, {33, 0, 33, 0, false}, {33, 0, 40, 3, false}};
+                 {4, 0, 4, 1, true},   {3, 2, 9, 5, false}, {33, 0, 33, 0, false}, {33, 0, 40, 3, false},
+                 {4, 0, 300, -1, true}, {33, 0, 300, -1, false}};
     for (const auto& call : calls) {
       const int64_t n = call.n;
       const std::string what = s.name + " mix n=" + std::to_string(n) + " t_ref0=" + std::to_string(call.t_ref0) +

@@ -113,6 +113,10 @@ TEST(GpuLinearBandwidth, Lin8RowGroupsAndChunks) {
   // many output rows: the widest lane tiles (8 outputs per lane at 1 row, 4 at 2 and 4 rows)
   for (int64_t m : {1, 2, 4}) lin8_case(1024, 8500, m, true);
   lin8_case(512, 300, 3, false);   // fp32 outputs
+  // more CTA tiles than the grid has CTAs: warps loop over several tiles (and their L2 windows)
+  lin8_case(64, 110000, 1, true);
+  // many row groups: the pass-sized grid
+  lin8_case(512, 300, 40, true);
 }
 
 void lin4_case(const std::string& tag, int64_t in, int64_t out, int64_t n_experts, const std::vector<int32_t>& ids_in,
@@ -163,6 +167,9 @@ void lin4_case(const std::string& tag, int64_t in, int64_t out, int64_t n_expert
 TEST(GpuLinearBandwidth, Lin4SharedExperts) {
   // one token, distinct experts (one row per read), gate/up form
   lin4_case("decode", 512, 96, 8, {3, 0, 7, 5, 1, 6}, 6, true);
+  // a tall bank: more CTA tiles per pair than the pair's CTAs (warps loop); an empty slot zeroes a
+  // long row
+  lin4_case("decode tall", 64, 17000, 8, {3, 0, -1, 5, 1, 6}, 6, true);
   // two tokens picking overlapping experts, an empty slot, an id past the bank (both zero rows)
   lin4_case("batch2", 512, 96, 8, {3, 0, 7, 5, 1, 6, 0, 3, -1, 5, 2, 8}, 6, true);
   // rows in (8, 64]: groups of two, an expert used three times (a leftover single)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dsv41/loader/safetensors.h"
+#include "dsv41/model/mix_gemm_parts.h"
 #include "dsv41/model/cpu_model.h"
 
 using namespace dsv41;
@@ -66,7 +67,7 @@ int32_t argmax(const float* v, int64_t n) { return static_cast<int32_t>(std::max
 
 // The fixtures' stepping rule, with the prompt prefilled in chunks of `chunk` (0 = one shot).
 RunResult run_model(const std::string& dir, const Golden& g, int64_t chunk, bool corrected = false,
-                    int64_t mix_gemm_k_parts = 0) {
+                    int64_t mix_gemm_k_parts = model::kMixGemmAuto) {
   model::CpuModelOptions o;
   o.corrected_index_keys = corrected;
   o.mix_gemm_k_parts = mix_gemm_k_parts;
@@ -129,7 +130,7 @@ double worst_rel(const std::vector<float>& got, const std::vector<float>& ref, i
   return worst;
 }
 
-void check_fixture(const std::string& name, int64_t chunk, int64_t mix_gemm_k_parts = 0) {
+void check_fixture(const std::string& name, int64_t chunk, int64_t mix_gemm_k_parts = model::kMixGemmAuto) {
   const std::string dir = std::string(DSV41_FIXTURES_DIR) + "/" + name;
   const Golden g = load_golden(dir);
   const RunResult r = run_model(dir, g, chunk, false, mix_gemm_k_parts);

@@ -1,5 +1,4 @@
-// Golden checks on tiny-s0 (runs in CI). tiny-long lives in tests/reference/ (label
-// `reference`): see docs/ARCHITECTURE.md "Known gaps".
+// Golden checks on tiny-s0 (runs in CI; tiny-long is golden_tiny_long_test.cpp).
 #include "golden_check.h"
 
 TEST(GoldenTinyS0, OneShot) { check_fixture("tiny-s0", 0); }

@@ -39,10 +39,11 @@ struct CpuModelOptions {
   // false (default): the reference's decode-time index-key alias (MODEL.md §5.4 "decode quirk");
   // true: every indexer scores against its own KV source's keys.
   bool corrected_index_keys = false;
-  // K partition of the reference's fp32 mixes GEMM in prefill (ops/mhc.h HcMixArithmetic): 0 =
-  // parts of 256 (what a 96-token reference prefill used); P > 0 = P parts of 64-element units
-  // (a 300-token reference prefill used 3). The reference's threaded BLAS chose it per call shape.
-  int64_t mix_gemm_k_parts = 0;
+  // K order of the reference's fp32 mixes GEMM in prefill (dsv41/model/mix_gemm_parts.h):
+  // -2 = by the reference call's row count, as the reference's BLAS chose it (default); 0 = chains
+  // of 256; -1 = the BLAS's blocked order (chains of 384, the rest halved); P > 0 = P parts of
+  // 64-element units.
+  int64_t mix_gemm_k_parts = -2;
   // Tensor parallel (docs/TENSOR_PARALLEL.md): this process is rank tp->rank() of
   // tp->world_size(); it loads only its share of the split weights and every forward /
   // dspark_draft is a collective call that all ranks make with the same arguments. null = TP 1.

@@ -49,7 +49,7 @@ struct CudaModelOptions {
   engram::EngramStorageOptions engram_storage;
   std::shared_ptr<engram::EngramStore> engram_store;
   bool corrected_index_keys = false;  // see CpuModelOptions
-  int64_t mix_gemm_k_parts = 0;       // see CpuModelOptions (prefill mixes GEMM K partition, 0..32)
+  int64_t mix_gemm_k_parts = -2;      // see CpuModelOptions (prefill mixes GEMM K order; -2 = auto)
   int device = 0;                     // CUDA device ordinal
   // Context tokens a sequence state holds; 0 = min(max_position_embeddings, 32768).
   int64_t max_context = 0;

@@ -1,6 +1,7 @@
 #include "model/ops/torch_sum.h"
 #include "model/ops/mhc.h"
 #include "model/ops/dot.h"
+#include "dsv41/model/mix_gemm_parts.h"
 #include "model/ops/vec_math.h"
 
 #include <algorithm>
@@ -19,15 +20,16 @@ HcMixArithmetic hc_mix_arithmetic(int64_t hc, int64_t t_ref, int64_t rows_ref, i
 }
 
 float hc_gemm_dot(const float* a, const float* b, int64_t n, int64_t k_parts) {
-  if (k_parts <= 0) return gemm_dot_f32(a, b, n);
-  constexpr int64_t kUnit = 64;
-  const int64_t units = (n + kUnit - 1) / kUnit, base = units / k_parts, extra = units % k_parts;
+  if (k_parts == kMixGemmChunks) return gemm_dot_f32(a, b, n);
+  DSV_CHECK(k_parts == kMixGemmBlocked || k_parts > 0, "mixes GEMM: unresolved K order {}", k_parts);
   float total = 0.0f;
-  int64_t k = 0;
-  for (int64_t p = 0; p < k_parts && k < n; ++p) {
-    const int64_t end = std::min(n, k + (base + (p < extra ? 1 : 0)) * kUnit);
+  const int64_t parts = mix_gemm_part_count(n, k_parts);
+  for (int64_t p = 0; p < parts; ++p) {
+    int64_t k0 = 0, k1 = 0;
+    mix_gemm_part_range(n, k_parts, p, k0, k1);
+    if (k0 >= n) break;  // P parts: the reference stops once K is covered
     float acc = 0.0f;
-    for (; k < end; ++k) acc = std::fma(a[k], b[k], acc);
+    for (int64_t k = k0; k < k1; ++k) acc = std::fma(a[k], b[k], acc);
     total = p == 0 ? acc : total + acc;
   }
   return total;

@@ -11,10 +11,9 @@ struct HcMix {
 
 // How the reference's PyTorch evaluates one token's mixes at the last ulp:
 //  - the mixes GEMM F.linear(x, hc_fn) over K = hc·dim in fp32: the BLAS accumulates each K part
-//    with a sequential fused multiply-add chain and adds the parts in K order. k_parts = 0: parts
-//    of 256 (ops/dot.h); k_parts = P > 0: K split into P parts of whole 64-element units, the
-//    first K/64 mod P parts one unit longer (how the reference machine's threaded BLAS split
-//    K = 1024 into 384 + 320 + 320 for a 300-token prefill; a 96-token prefill used parts of 256);
+//    with a sequential fused multiply-add chain and adds the parts in K order; k_parts is a
+//    resolved order of dsv41/model/mix_gemm_parts.h (0 = chains of 256, -1 = the blocked order,
+//    P > 0 = P parts of 64-element units);
 //  - torch.sigmoid on pre/post: the first `sigmoid_vector` of the token's hc entries fall in the
 //    vector body of the elementwise kernel (ops/vec_math.h), the rest in its scalar tail.
 struct HcMixArithmetic {

@@ -36,41 +36,51 @@ gpu::CompressorWeights Impl::compressor_weights(const GpuBlock& b) const {
   return w;
 }
 
+void Impl::rope_rows(const GpuBlock& b, const gpu::RopeArgs& at, float* v, int64_t n, int64_t vecs,
+                     int64_t vec_stride, int64_t row_stride, bool inverse) {
+  gpu::RopeArgs r = at;
+  r.v = v;
+  r.rows = n;
+  r.vecs = vecs;
+  r.vec_stride = vec_stride;
+  r.row_stride = row_stride;
+  r.freqs = b.freqs.as<float>();
+  r.rope_dim = cfg.qk_rope_head_dim;
+  r.inverse = inverse;
+  gpu::rope(r, stream);
+}
+
+void Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at) {
+  const ModelConfig& c = cfg;
+  const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim, qlr = c.q_lora_rank, Hl = b.n_heads;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true);
+  gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
+  gpu::rms_norm(qn, stream);
+  linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true);
+  linear(b.wkv, sc.x, dim, n, sc.kv, hd, true);
+  rope_rows(b, at, sc.q + hd - rd, n, Hl, hd, Hl * hd, false);
+  gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
+  gpu::rms_norm(kn, stream);
+  rope_rows(b, at, sc.kv + hd - rd, n, 1, hd, hd, false);
+  gpu::QdqArgs q8{sc.kv, n, hd, hd, gpu::QdqKind::Q8};
+  gpu::qdq(q8, stream);
+}
+
 void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, start = p.start, end = start + n, L = b.layer;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim;
   const int64_t win = c.sliding_window, qlr = c.q_lora_rank;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const float* freqs = b.freqs.as<float>();
+  gpu::RopeArgs at;
+  at.pos0 = start;
   auto rope = [&](float* v, int64_t vecs, int64_t vec_stride, int64_t row_stride, bool inverse) {
-    gpu::RopeArgs r;
-    r.v = v;
-    r.rows = n;
-    r.vecs = vecs;
-    r.vec_stride = vec_stride;
-    r.row_stride = row_stride;
-    r.freqs = freqs;
-    r.rope_dim = rd;
-    r.pos0 = start;
-    r.inverse = inverse;
-    gpu::rope(r, stream);
+    rope_rows(b, at, v, n, vecs, vec_stride, row_stride, inverse);
   };
 
-  // ---- q, window kv ----
-  linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true);
-  gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
-  gpu::rms_norm(qn, stream);
-  // Under tensor parallelism q, o hold this rank's heads only (b.n_heads; all of them at TP 1).
+  // ---- q, window kv (under tensor parallelism q, o hold this rank's heads only) ----
   const int64_t Hl = b.n_heads;
-  linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true);
-  linear(b.wkv, sc.x, dim, n, sc.kv, hd, true);
-  rope(sc.q + hd - rd, Hl, hd, Hl * hd, false);
-  gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
-  gpu::rms_norm(kn, stream);
-  rope(sc.kv + hd - rd, 1, hd, hd, false);
-  gpu::QdqArgs q8{sc.kv, n, hd, hd, gpu::QdqKind::Q8};
-  gpu::qdq(q8, stream);
+  project_q_kv(b, n, at);
   uint16_t* ring = st.ring[static_cast<size_t>(L)].as<uint16_t>();
   auto store = [&](const float* x, int64_t rows, uint16_t* dst) {
     gpu::StoreBf16Args s{x, rows, hd, hd, dst, hd};

@@ -179,36 +179,17 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db) {
   const int64_t n = db.rows(), L = b.layer;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim;
   const int64_t win = c.sliding_window, qlr = c.q_lora_rank;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   auto seq = [&](int64_t i) -> CudaSeqState& { return *db.seqs[static_cast<size_t>(i)]; };
   auto pos = [&](int64_t i) { return db.pos[static_cast<size_t>(i)]; };
+  gpu::RopeArgs at;
+  at.positions = sc.positions;
   auto rope = [&](float* v, int64_t vecs, int64_t vec_stride, int64_t row_stride, bool inverse) {
-    gpu::RopeArgs r;
-    r.v = v;
-    r.rows = n;
-    r.vecs = vecs;
-    r.vec_stride = vec_stride;
-    r.row_stride = row_stride;
-    r.freqs = b.freqs.as<float>();
-    r.rope_dim = rd;
-    r.positions = sc.positions;
-    r.inverse = inverse;
-    gpu::rope(r, stream);
+    rope_rows(b, at, v, n, vecs, vec_stride, row_stride, inverse);
   };
 
   // ---- q, window kv: row-wise; each row into its own ring slot ----
-  linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true);
-  gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
-  gpu::rms_norm(qn, stream);
   const int64_t Hl = b.n_heads;
-  linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true);
-  linear(b.wkv, sc.x, dim, n, sc.kv, hd, true);
-  rope(sc.q + hd - rd, Hl, hd, Hl * hd, false);
-  gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
-  gpu::rms_norm(kn, stream);
-  rope(sc.kv + hd - rd, 1, hd, hd, false);
-  gpu::QdqArgs q8{sc.kv, n, hd, hd, gpu::QdqKind::Q8};
-  gpu::qdq(q8, stream);
+  project_q_kv(b, n, at);
   for (int64_t i = 0; i < n; ++i) {
     uint16_t* ring = seq(i).ring[static_cast<size_t>(L)].as<uint16_t>();
     gpu::StoreBf16Args s{sc.kv + i * hd, 1, hd, hd, ring + (pos(i) % win) * hd, hd};

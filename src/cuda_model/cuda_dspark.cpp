@@ -216,7 +216,7 @@ void stage_forward(Impl& m, size_t stage, std::span<CudaSeqState* const> seqs, c
   Scratch& sc = m.sc;
   const int64_t B = d.block, ns = static_cast<int64_t>(seqs.size()), n = ns * B;
   const int64_t hc = c.hc_mult, dim = c.hidden_size, mixw = (2 + hc) * hc, H = c.num_attention_heads;
-  const int64_t hd = c.head_dim, rd = c.qk_rope_head_dim, qlr = c.q_lora_rank, win = c.sliding_window;
+  const int64_t hd = c.head_dim, rd = c.qk_rope_head_dim, win = c.sliding_window;
   const float eps = static_cast<float>(c.rms_norm_eps);
   auto mix = [&](const DeviceBuffer& fn, const DeviceBuffer& base, const DeviceBuffer& scale, float* out) {
     for (int64_t s = 0; s < ns; ++s) {  // each sequence's rows are one reference call of B rows
@@ -244,35 +244,17 @@ void stage_forward(Impl& m, size_t stage, std::span<CudaSeqState* const> seqs, c
     gpu::RmsNormArgs r{sc.x, dim, norm.as<float>(), sc.x, dim, n, dim, eps};
     gpu::rms_norm(r, m.stream);
   };
+  gpu::RopeArgs at;
+  at.positions = d.positions.as<int64_t>();
   auto rope = [&](float* v, int64_t vecs, int64_t vec_stride, int64_t row_stride, bool inverse) {
-    gpu::RopeArgs r;
-    r.v = v;
-    r.rows = n;
-    r.vecs = vecs;
-    r.vec_stride = vec_stride;
-    r.row_stride = row_stride;
-    r.freqs = b.freqs.as<float>();
-    r.rope_dim = rd;
-    r.positions = d.positions.as<int64_t>();
-    r.inverse = inverse;
-    gpu::rope(r, m.stream);
+    m.rope_rows(b, at, v, n, vecs, vec_stride, row_stride, inverse);
   };
 
   mix(b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sc.mix_a);
   collapse_norm(sc.pre, hc, b.attn_norm);
 
   // ---- attention (block.cpp dspark_attention) ----
-  m.linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true);
-  gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
-  gpu::rms_norm(qn, m.stream);
-  m.linear(b.wq_b, sc.qr, qlr, n, sc.q, H * hd, true);
-  m.linear(b.wkv, sc.x, dim, n, sc.kv, hd, true);
-  rope(sc.q + hd - rd, H, hd, H * hd, false);
-  gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
-  gpu::rms_norm(kn, m.stream);
-  rope(sc.kv + hd - rd, 1, hd, hd, false);
-  gpu::QdqArgs q8{sc.kv, n, hd, hd, gpu::QdqKind::Q8};
-  gpu::qdq(q8, m.stream);
+  m.project_q_kv(b, n, at);  // a DSpark stage is loaded whole: b.n_heads == H
   gpu::StoreBf16Args kb{sc.kv, n, hd, hd, sc.kv_bf16, hd};
   gpu::store_bf16(kb, m.stream);
   for (int64_t s = 0; s < ns; ++s) {

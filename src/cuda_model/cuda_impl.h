@@ -270,6 +270,13 @@ struct Impl {
   // The block around its attention (`attend`: attention of this pass's rows, sc.x -> sc.y).
   void block_forward(const GpuBlock& b, const Pass& p, const std::function<void()>& attend);
   void attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p);
+  // RoPE of the layer's frequencies over n rows of `vecs` vectors; the rows' positions as in `at`
+  // (at.positions, or at.pos0 + r·at.pos_step).
+  void rope_rows(const GpuBlock& b, const ops::gpu::RopeArgs& at, float* v, int64_t n, int64_t vecs,
+                 int64_t vec_stride, int64_t row_stride, bool inverse);
+  // The attention's projections of n normed rows sc.x: q = wq_b(q_norm(wq_a x)) with RoPE into
+  // sc.q, and the window KV row QDQ8(RoPE(kv_norm(wkv x))) into sc.kv.
+  void project_q_kv(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at);
   ops::gpu::CompressorWeights compressor_weights(const GpuBlock& b) const;  // the layer's compressor
   // hist(t, out): row t's n-gram window of compressed ids, out[0] its own token, out[k] k back (-1: none).
   EngramPass engram_prepare(int64_t n, const std::function<void(int64_t, int64_t*)>& hist);

@@ -29,12 +29,14 @@
 #include "dsv41/ops/gpu_buffer.h"
 #include "dsv41/ops/gpu_ops.h"
 #include "model/linears.h"
+#include "linear_inputs.h"
 
 namespace {
 
 using namespace dsv41;
 namespace gpu = dsv41::ops::gpu;
 using gpu::DeviceBuffer;
+using dsv41::test::QuantAct;
 
 constexpr double kCopyGBs = 4300.0;
 constexpr size_t kRotateBytes = size_t{512} << 20;  // weights touched across the rotation (> 10x L2)
@@ -125,22 +127,6 @@ struct TempDir {
   ~TempDir() {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
-  }
-};
-
-struct QuantAct {
-  DeviceBuffer x, codes, scales;
-  QuantAct(const std::vector<float>& xv, int64_t rows, int64_t k)
-      : x(DeviceBuffer::from(xv)), codes(static_cast<size_t>(rows * k)), scales(static_cast<size_t>(rows * (k / 32)) * 4) {
-    gpu::ActQuantArgs a;
-    a.x = x.as<float>();
-    a.rows = rows;
-    a.k = k;
-    a.x_stride = k;
-    a.codes = codes.as<uint8_t>();
-    a.scales = scales.as<float>();
-    gpu::act_quant8(a, nullptr);
-    gpu::check_cuda(cudaDeviceSynchronize(), "act_quant8");  // the timed calls run on another stream
   }
 };
 

@@ -13,45 +13,13 @@
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/loader/safetensors.h"
 #include "harness.h"
+#include "linear_inputs.h"
 #include "model/linears.h"
 
 namespace dsv41::test {
 namespace {
 
 namespace gpu = ops::gpu;
-
-struct TempCheckpoint {
-  std::string dir;
-  std::unique_ptr<Checkpoint> ck;
-  explicit TempCheckpoint(const SafetensorsWriter& w) {
-    char tmpl[] = "/tmp/dsv41_gpu_linbw_XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    if (!d) throw std::runtime_error("mkdtemp failed");
-    dir = d;
-    w.write(dir + "/weights.safetensors");
-    ck = Checkpoint::open(dir);
-  }
-  ~TempCheckpoint() {
-    ck.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
-
-struct QuantAct {
-  DeviceBuffer x, codes, scales;
-  QuantAct(const std::vector<float>& xv, int64_t rows, int64_t k)
-      : x(DeviceBuffer::from(xv)), codes(static_cast<size_t>(rows * k)), scales(static_cast<size_t>(rows * (k / 32)) * 4) {
-    gpu::ActQuantArgs a;
-    a.x = x.as<float>();
-    a.rows = rows;
-    a.k = k;
-    a.x_stride = k;
-    a.codes = codes.as<uint8_t>();
-    a.scales = scales.as<float>();
-    gpu::act_quant8(a, nullptr);
-  }
-};
 
 // The first `cols` values of each of `rows` rows of a strided device output; the gap columns must
 // still hold the poison (NaN).

@@ -10,47 +10,13 @@
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/loader/safetensors.h"
 #include "harness.h"
+#include "linear_inputs.h"
 #include "model/linears.h"
 
 namespace dsv41::test {
 namespace {
 
 namespace gpu = ops::gpu;
-
-// A checkpoint folder under the temp dir holding the tensors added to `w`; removed on destruction.
-struct TempCheckpoint {
-  std::string dir;
-  std::unique_ptr<Checkpoint> ck;
-  explicit TempCheckpoint(const SafetensorsWriter& w) {
-    char tmpl[] = "/tmp/dsv41_gpu_ops_XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    if (!d) throw std::runtime_error("mkdtemp failed");
-    dir = d;
-    w.write(dir + "/weights.safetensors");
-    ck = Checkpoint::open(dir);
-  }
-  ~TempCheckpoint() {
-    ck.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
-
-// ActQuant8 of x on the device (verified exact by ActQuant8Exact).
-struct QuantAct {
-  DeviceBuffer x, codes, scales;
-  QuantAct(const std::vector<float>& xv, int64_t rows, int64_t k)
-      : x(DeviceBuffer::from(xv)), codes(static_cast<size_t>(rows * k)), scales(static_cast<size_t>(rows * (k / 32)) * 4) {
-    gpu::ActQuantArgs a;
-    a.x = x.as<float>();
-    a.rows = rows;
-    a.k = k;
-    a.x_stride = k;
-    a.codes = codes.as<uint8_t>();
-    a.scales = scales.as<float>();
-    gpu::act_quant8(a, nullptr);
-  }
-};
 
 void run_lin8(const std::string& tag, int64_t in, int64_t out, int64_t m, bool time_it) {
   const std::string what = tag + " lin8 " + std::to_string(out) + "x" + std::to_string(in) + " m=" + std::to_string(m);

@@ -17,6 +17,7 @@
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/loader/safetensors.h"
 #include "harness.h"
+#include "linear_inputs.h"
 #include "model/cpu_impl.h"
 #include "model/linears.h"
 
@@ -24,25 +25,6 @@ namespace dsv41::test {
 namespace {
 
 namespace gpu = ops::gpu;
-
-// A checkpoint folder under the temp dir holding the tensors added to `w`; removed on destruction.
-struct TempCheckpoint {
-  std::string dir;
-  std::unique_ptr<Checkpoint> ck;
-  explicit TempCheckpoint(const SafetensorsWriter& w) {
-    char tmpl[] = "/tmp/dsv41_moe_grouped_XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    if (!d) throw std::runtime_error("mkdtemp failed");
-    dir = d;
-    w.write(dir + "/weights.safetensors");
-    ck = Checkpoint::open(dir);
-  }
-  ~TempCheckpoint() {
-    ck.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
 
 // A random FP4 bank [E][out][in] with E8M0 scales in [lo, hi].
 struct Bank {
@@ -63,22 +45,6 @@ struct Bank {
           static_cast<size_t>(out * (in / 32)));
   }
   gpu::Fp4Weight weight() const { return {dpacked.as<uint8_t>(), dscales.as<uint8_t>(), in, out, n}; }
-};
-
-// ActQuant8 of x on the device (exact: GpuOps.ActQuant8Exact).
-struct QuantAct {
-  DeviceBuffer x, codes, scales;
-  QuantAct(const std::vector<float>& xv, int64_t rows, int64_t k)
-      : x(DeviceBuffer::from(xv)), codes(static_cast<size_t>(rows * k)), scales(static_cast<size_t>(rows * (k / 32)) * 4) {
-    gpu::ActQuantArgs a;
-    a.x = x.as<float>();
-    a.rows = rows;
-    a.k = k;
-    a.x_stride = k;
-    a.codes = codes.as<uint8_t>();
-    a.scales = scales.as<float>();
-    gpu::act_quant8(a, nullptr);
-  }
 };
 
 void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n) {

@@ -304,8 +304,11 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
   const int64_t k = a.hc * a.dim, parts = mix_parts(a);
   const size_t staged_smem =
       static_cast<size_t>(2 * ((k + 255) / 256 * 256) + (parts + 3) / 4 * 4 + dev::torch_sum_scratch_floats(k)) * sizeof(float);
+  // The staged chains read float4-aligned starts: the blocked order's second half starts at
+  // K - rest/2, a multiple of 4 only when K is a multiple of 8.
+  const bool aligned_parts = a.k_parts != model::kMixGemmBlocked || k % 8 == 0;
   const bool staged = (a.k_parts == 0 || a.n <= kStagedMaxTokensPartsP) && parts <= kStagedThreads - 32 &&
-                      staged_smem <= kMaxStagedSmem;
+                      staged_smem <= kMaxStagedSmem && aligned_parts;
   if (staged) {
     const cudaError_t e = allow_dynamic_smem<hc_mix_dots_staged_kernel>(staged_smem);
     if (e != cudaSuccess) return e;

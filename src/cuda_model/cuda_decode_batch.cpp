@@ -59,6 +59,12 @@ int64_t Impl::max_decode_batch() const {
 }
 
 void Impl::forward_items(std::span<ForwardItem> items) {
+  // Bad input refuses the whole call before any state moves (an item of a state named twice is
+  // checked at that state's current position; forward() checks it again when it runs).
+  for (ForwardItem& it : items) {
+    DSV_CHECK(it.state != nullptr, "forward: item without a sequence state");
+    check_tokens(state_of(*it.state), it.tokens.data(), static_cast<int64_t>(it.tokens.size()));
+  }
   // A state named twice must see its items in order: those items run alone, as before.
   std::unordered_map<const SeqState*, int> uses;
   for (const ForwardItem& it : items) ++uses[it.state];

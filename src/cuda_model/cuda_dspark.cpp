@@ -286,7 +286,7 @@ void stage_forward(Impl& m, size_t stage, std::span<CudaSeqState* const> seqs, c
   gpu::hc_expand(ea, m.stream);
   mix(b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sc.mix_f);
   collapse_norm(sc.mix_a, mixw, b.ffn_norm);
-  m.moe(b, n);
+  m.moe(b, n, true);  // exact kernels: a draft must not depend on how many sequences draft together
   gpu::HcExpandArgs ef{sc.y, sc.h, sc.mix_f, n, hc, dim};
   gpu::hc_expand(ef, m.stream);
   gpu::check_cuda(cudaMemcpy2DAsync(sc.pre, static_cast<size_t>(hc) * 4, sc.mix_f, static_cast<size_t>(mixw) * 4,

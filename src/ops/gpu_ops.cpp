@@ -82,7 +82,7 @@ void hc_mix(const HcMixArgs& a, cudaStream_t s) {
             a.hc, a.dim, a.iters);
   DSV_CHECK(a.n == 0 || (a.h && a.fn && a.base && a.scale && a.mix), "hc_mix: all pointers must be set");
   DSV_CHECK(a.k_parts >= model::kMixGemmBlocked && a.k_parts <= 32, "hc_mix: k_parts={} outside -1..32", a.k_parts);
-  DSV_CHECK(model::mix_gemm_part_count(a.hc * a.dim, a.k_parts) <= kMaxMixParts,
+  DSV_CHECK(a.k_parts == model::kMixGemmChunks || model::mix_gemm_part_count(a.hc * a.dim, a.k_parts) <= kMaxMixParts,
             "hc_mix: {} K parts over K = {} (at most {})", model::mix_gemm_part_count(a.hc * a.dim, a.k_parts),
             a.hc * a.dim, kMaxMixParts);
   launched(raw::hc_mix(a, s), "hc_mix launch");

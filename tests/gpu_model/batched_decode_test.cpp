@@ -266,6 +266,8 @@ TEST(GpuBatchedDecode, BadTokenInABatchIsRefused) {
     m->forward_sequence(*st.back(), p, false, nullptr);
   }
   const int32_t good = 5, bad = 512;
+  std::vector<int64_t> before;
+  for (const auto& s : st) before.push_back(s->n_past);
   std::vector<float> l0, l1, l2;
   std::vector<ForwardItem> items = {{st[0].get(), std::span<const int32_t>(&good, 1), false, &l0},
                                     {st[1].get(), std::span<const int32_t>(&bad, 1), false, &l1},
@@ -276,6 +278,7 @@ TEST(GpuBatchedDecode, BadTokenInABatchIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("vocabulary"), std::string::npos) << e.what();
   }
+  for (size_t i = 0; i < st.size(); ++i) EXPECT_EQ(st[i]->n_past, before[i]) << "sequence " << i << " moved";
 }
 
 // EXL3 checkpoints: batched steps (at most 4 rows per pass, the single-row kernel path) equal the

@@ -1,5 +1,6 @@
-// The CUDA backend with the grouped tensor-core MoE on every pass (grouped_moe_min_rows = 1: one-
-// shot prefill, chunks of 7 and 64, and every decode step) against DeepSeek's reference outputs,
+// The CUDA backend with the grouped tensor-core MoE on every prefill pass (grouped_moe_min_rows = 1:
+// one-shot prefill, chunks of 7 and 64; decode steps always keep the exact kernels) against
+// DeepSeek's reference outputs,
 // with the acceptance of the CPU engine's golden tests (tests/model/golden_check.h): greedy ids
 // identical, argmax identical at every prefill position, logits within 1e-2 of the golden row range.
 // tiny-long runs with the fixture's 3-part mixes GEMM (as golden_long_test.cpp). The path is not

@@ -59,7 +59,7 @@ struct CudaModelOptions {
   // tensor-core GEMMs (gpu::moe_grouped): ~3x faster at 256-token prefill passes, ~9x at 2048, but
   // not guaranteed bit-identical to the CPU engine (the tensor core sums each 32-wide block of exact
   // products in its own order); fewer pairs, or 0, keep the exact per-pair kernels. Decode steps
-  // (batched or not) always keep them, so a sequence's tokens never depend on its batch. Tests that
+  // (batched or not) and DSpark drafts always keep them, so a sequence's tokens never depend on its batch. Tests that
   // compare prefill with the CPU engine bit for bit set 0.
   int64_t grouped_moe_min_rows = 64;
   // Load the mtp.* DSpark stages when the config has them (drafting, and the DSpark rings every

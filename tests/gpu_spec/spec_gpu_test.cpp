@@ -5,6 +5,7 @@
 // concurrent sequences with mixed settings equals their solo runs, step undo restores a state
 // exactly, and `generate --device cuda` prints the same tokens with and without speculation.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -195,7 +196,7 @@ TEST(GpuSpec, GenerateCliOnCuda) {
   const std::string dir = test_support::fixture_dir("tiny-s0");
   const auto prompt = test_support::golden_ids("tiny-s0", "prompt_ids");
   const auto golden = test_support::golden_ids("tiny-s0", "greedy_ids");
-  const std::string ids = std::string(::testing::TempDir()) + "/dsv41_gpu_spec_prompt.json";
+  const std::string ids = std::string(::testing::TempDir()) + "/dsv41_gpu_spec_prompt_" + std::to_string(::getpid()) + ".json";
   std::ofstream(ids) << nlohmann::json(prompt).dump();
   const int64_t n = static_cast<int64_t>(golden.size());
   std::vector<std::vector<int32_t>> outs;

@@ -2,6 +2,7 @@
 // greedy ids equal the fixture's greedy_ids with and without speculation; seeded sampling is
 // reproducible; one clear error for --device cuda and bad values.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,7 +22,7 @@ nlohmann::json golden_json() {
 }
 
 std::string prompt_file() {
-  const std::string p = std::string(::testing::TempDir()) + "/dsv41_generate_prompt.json";
+  const std::string p = std::string(::testing::TempDir()) + "/dsv41_generate_prompt_" + std::to_string(::getpid()) + ".json";
   std::ofstream(p) << golden_json()["prompt_ids"].dump();
   return p;
 }

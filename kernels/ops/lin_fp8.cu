@@ -10,8 +10,16 @@
 // loads (the blocks of up to 8/NO chunks at once, so ~8 blocks are in flight per lane), decodes the
 // activation block once and reuses it for all NO outputs, and keeps the R x NO block dots in
 // registers. The chunk's block terms go through a per-warp shared buffer and each
-// (row, output) pair is folded by one lane in K order. Codes are decoded through lane-replicated
-// shared tables (entry b of lane l at word 32·b + l: 32 lanes never share a bank).
+// (row, output) pair is folded by one lane in K order.
+//
+// Code decoding (no tables, no shared-memory loads per weight): e4m3 pairs become f16x2 in one
+// cvt.rn.f16x2.e4m3x2 (exact: every e4m3 value is an f16 value), then f32 (exact). e2m1 codes are
+// first placed into e4m3 bytes by bit moves: sign to bit 7, the three magnitude bits to bits 4..2,
+// which is the e2m1 value times 2^-6 for normal and subnormal codes alike; then the same cvt. The
+// FP4 block dot therefore runs on w·2^-6: each product x·w·2^-6 is exact (at most 6 significant
+// bits, far above fp32's subnormal range), every partial sum is the reference's partial sum times
+// 2^-6 rounded the same way (a power-of-two scaling of normal numbers commutes with rounding), and
+// the block result is multiplied back by 2^6 exactly before the scale step.
 //
 // Rows sharing a weight: Lin8 takes R <= 4 activation rows per weight read; Lin4 groups the
 // (token, slot) pairs that picked the same expert (in row order, up to R per group), so an expert is
@@ -21,18 +29,20 @@
 // serial, so each warp also asks the TMA unit to pull the weight rows of the next `prefetch_chunks` chunks into L2
 // (cp.async.bulk.prefetch, one instruction per row range); the next demand loads then hit L2. The
 // launcher sizes the window so that all resident warps together keep ~20 MB ahead (L2: 50 MB).
-// Launches use programmatic dependent launch (ops/pdl.cuh): the decode tables are built in shared
-// memory and, for Lin8, the first weight ranges are prefetched before griddepcontrol.wait. Neither
-// reads anything an earlier kernel writes (tables are constants; weights are never written by
-// kernels, and an L2 prefetch delivers nothing to the SM: L2 is the GPU's point of coherence), so
-// this overlaps the previous kernel's tail safely; activations, expert ids and outputs are touched
-// only after the wait.
+// Launches use programmatic dependent launch (ops/pdl.cuh): for Lin8 the first weight ranges are
+// prefetched before griddepcontrol.wait. That reads nothing an earlier kernel writes (weights are
+// never written by kernels, and an L2 prefetch delivers nothing to the SM: L2 is the GPU's point of
+// coherence), so it overlaps the previous kernel's tail safely; activations, expert ids and outputs
+// are touched only after the wait.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
+#include "ops/lin_decode.h"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -42,7 +52,6 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kTableWords = 256 * 32;  // one lane-replicated 256-entry table
 
 enum class Fmt : int { Fp8 = 0, Fp4 = 1 };
 
@@ -74,30 +83,69 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #endif
 }
 
-__device__ __forceinline__ uint32_t bf16_bits_of(float v) { return static_cast<uint32_t>(dev::f32_to_bf16_bits(v)); }
+// Two e4m3 codes (bits 0..7 and 8..15 of v) -> f16x2 (low half first): one cvt on sm_89+.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+__device__ __forceinline__ float f16_lo(uint32_t h) { return __half2float(__ushort_as_half(static_cast<unsigned short>(h))); }
+__device__ __forceinline__ float f16_hi(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h >> 16)));
+}
+// Four e4m3 codes (code k in byte k) -> their exact values.
+__device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float (&v)[4]) {
+  const uint32_t lo = e4m3x2_to_f16x2(w), hi = e4m3x2_to_f16x2(w >> 16);
+  v[0] = f16_lo(lo), v[1] = f16_hi(lo), v[2] = f16_lo(hi), v[3] = f16_hi(hi);
+}
+// Eight e2m1 codes (code k in bits 4k..4k+3) -> value·2^-6 each, exact: the codes become e4m3
+// bytes (sign to bit 7, magnitude to bits 4..2; even codes from the low nibbles, odd codes from the
+// high ones), then f16 and f32 as above.
+constexpr float kE2m1Unscale = 64.0f;  // 2^6: undoes the placement's 2^-6
+__device__ __forceinline__ void e2m1x8_to_f32_scaled(uint32_t w, float (&v)[8]) {
+  const uint32_t even = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);
+  const uint32_t odd = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);
+  const uint32_t e01 = e4m3x2_to_f16x2(even), e23 = e4m3x2_to_f16x2(even >> 16);
+  const uint32_t o01 = e4m3x2_to_f16x2(odd), o23 = e4m3x2_to_f16x2(odd >> 16);
+  v[0] = f16_lo(e01), v[1] = f16_lo(o01), v[2] = f16_hi(e01), v[3] = f16_hi(o01);
+  v[4] = f16_lo(e23), v[5] = f16_lo(o23), v[6] = f16_hi(e23), v[7] = f16_hi(o23);
+}
 
-// Fills the lane-replicated tables: e4m3 values (always), e2m1 code pairs as two bf16 (Fp4).
-template <Fmt F>
-__device__ void fill_tables(float* e4m3_tab, uint32_t* e2m1_tab, uint32_t* scratch) {
-  const int t = threadIdx.x;
-  // kThreads == 256: one entry per thread
-  scratch[t] = __float_as_uint(dev::e4m3_value(static_cast<uint8_t>(t)));
-  if constexpr (F == Fmt::Fp4) {
-    const uint32_t lo = bf16_bits_of(dev::e2m1_value(static_cast<uint8_t>(t & 0xF)));
-    const uint32_t hi = bf16_bits_of(dev::e2m1_value(static_cast<uint8_t>(t >> 4)));
-    scratch[256 + t] = lo | (hi << 16);
+// Every code through the kernels' decoders (unit test of the bit placements against numeric.h).
+__global__ void lin_decode_all_kernel(float* e4m3_out, float* e2m1_out) {
+  const int t = threadIdx.x;  // 256 threads, thread t decodes code t
+  float v[4];
+  // code t in each byte position of a word whose other bytes hold other codes
+  for (int pos = 0; pos < 4; ++pos) {
+    const uint32_t fill = 0x3AC17F00u ^ (static_cast<uint32_t>(t) * 0x01010101u);
+    const uint32_t w = (fill & ~(0xFFu << (8 * pos))) | (static_cast<uint32_t>(t) << (8 * pos));
+    e4m3x4_to_f32(w, v);
+    e4m3_out[pos * 256 + t] = v[pos];
   }
-  __syncthreads();
-  // replicate: word i of a table holds entry i/32; four consecutive words per 16-byte store
-  for (int i = t * 4; i < kTableWords; i += kThreads * 4) {
-    const uint32_t v = scratch[i >> 5];
-    reinterpret_cast<uint4*>(e4m3_tab)[i >> 2] = make_uint4(v, v, v, v);
-    if constexpr (F == Fmt::Fp4) {
-      const uint32_t p = scratch[256 + (i >> 5)];
-      reinterpret_cast<uint4*>(e2m1_tab)[i >> 2] = make_uint4(p, p, p, p);
+  if (t < 16) {
+    float f[8];
+    for (int pos = 0; pos < 8; ++pos) {
+      const uint32_t fill = 0x9E3779B9u ^ (static_cast<uint32_t>(t) * 0x11111111u);
+      const uint32_t w = (fill & ~(0xFu << (4 * pos))) | (static_cast<uint32_t>(t) << (4 * pos));
+      e2m1x8_to_f32_scaled(w, f);
+      e2m1_out[pos * 16 + t] = __fmul_rn(f[pos], kE2m1Unscale);
     }
   }
-  __syncthreads();
+}
+
+// dev::e8m0_value without branches (the same values: 0 -> 2^-127, 255 -> NaN, else 2^(b-127)).
+__device__ __forceinline__ float e8m0_value_nb(uint8_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 23;
+  bits = b == 0 ? 0x00400000u : bits;
+  bits = b == 255 ? 0x7fc00000u : bits;
+  return __uint_as_float(bits);
+}
+
+// Fold buffer words per warp: R*ns*NO pairs of kw + 4 words plus the per-(r, slot) pads (< 32
+// each), for any kw of 8, 16, 32 (ns = 32/kw); a multiple of 4 so every warp's part is 16-byte
+// aligned.
+template <int R, int NO>
+__host__ __device__ constexpr int fold_words() {
+  return R * NO * 48 + R * 128;
 }
 
 template <int N>
@@ -121,9 +169,7 @@ struct RowGroup {
 template <Fmt F, int R, int NO>
 __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledArgs a) {
   extern __shared__ __align__(16) uint32_t smem[];
-  float* e4m3_tab = reinterpret_cast<float*>(smem);
-  uint32_t* e2m1_tab = smem + kTableWords;
-  float* fold_buf = reinterpret_cast<float*>(smem + (F == Fmt::Fp4 ? 2 : 1) * kTableWords);
+  float* fold_buf = reinterpret_cast<float*>(smem);
   __shared__ int s_count;
   __shared__ int64_t s_members[R];
   __shared__ int s_nr;
@@ -141,9 +187,6 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
   constexpr int kWW = F == Fmt::Fp8 ? 8 : 4;      // 32-bit words per weight block
   constexpr int64_t kRowBytesPerBlock = kWW * 4;
   const int n_chunks = static_cast<int>((nb + kw - 1) / kw);
-
-  // Shared-memory tables only: built before the wait, overlapping the previous kernel.
-  fill_tables<F>(e4m3_tab, e2m1_tab, reinterpret_cast<uint32_t*>(fold_buf));
 
   // L2 prefetch of chunks [c_begin, c_end) of the warp's rows in tile `tile`: lane q < NO*ns takes
   // row q (one bulk range per row). wexp: the expert's weight base.
@@ -237,11 +280,13 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
     grp.expert = e;
   }
 
-  const float* my_e4m3 = e4m3_tab + lane;
-  const uint32_t* my_e2m1 = e2m1_tab + lane;
-  // this warp's fold buffer: pair p = (r*ns + slot)*NO + j, kw terms (+1 pad: odd stride)
-  float* fb = fold_buf + warp * (R * NO * 32 + R * NO * 4);
-  const int fstride = kw + 1;
+  // this warp's fold buffer: pair p = (r*ns + slot)*NO + j holds kw terms at fold_offset(p), read
+  // back with 16-byte loads (stride kw + 4; the per-(r, slot) pad keeps the ns slots' writes of one
+  // (row, output) on distinct banks)
+  float* fb = fold_buf + warp * fold_words<R, NO>();
+  const int fstride = kw + 4;
+  const int gpad = ((kw - NO * fstride) % 32 + 32) % 32;
+  auto fold_offset = [&](int p) { return p * fstride + (p / NO) * gpad; };
   const int pairs = grp.nr * ns * NO;
   constexpr int kFold = (R * NO * 4 + 31) / 32;  // pairs per lane at most (ns <= 4)
   // chunks whose weights are loaded together (kCU, above): ~8 blocks per lane (fewer where
@@ -250,6 +295,13 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
   const int64_t snb = (in + 31) / 32;
   const uint8_t* wbase = F == Fmt::Fp8 ? a.w : a.w + grp.expert * a.out * (in / 2);
   const uint8_t* sbase = F == Fmt::Fp8 ? a.ws : a.ws + grp.expert * a.out * nb;
+  const int64_t w_row_bytes = F == Fmt::Fp8 ? in : in / 2;
+  const int full_chunks = static_cast<int>(nb / kw);  // chunks in which every lane has its K block
+  // K block index of the group's activation rows at this lane's block kbl (codes: 32 bytes and
+  // scales: one float per block, in = 32·nb)
+  int64_t x_blk[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) x_blk[r] = grp.x_row[r] * nb + kbl;
 
   for (int64_t tile = first_tile; tile < a.out_tiles; tile += tile_step) {
     const int64_t o_warp = tile * tile_rows;
@@ -261,31 +313,45 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
     int pf_end = early_pf_end;
     early_pf_end = kCU;
     const uint8_t* pf_row = F == Fmt::Fp8 && a.prefetch_chunks > 0 ? prefetch_row(wbase, tile) : nullptr;
+    // this lane's NO weight rows and their scales at K block kbl. FP8 scales cover 32 x 32 blocks
+    // and the lane's NO rows never cross a multiple of 32 (NO divides 32, o_lane is a multiple of
+    // NO): one scale per K block serves all of them. (Pointers past the end are never read.)
+    const uint8_t* w_lane = wbase + o_lane * w_row_bytes + kbl * kRowBytesPerBlock;
+    const uint8_t* s_lane = F == Fmt::Fp8 ? sbase + (o_lane / 32) * snb + kbl : sbase + o_lane * nb + kbl;
+    const bool rows_full = o_warp + tile_rows <= a.out;  // warp-uniform
     if (o_warp < a.out) {
-      for (int64_t c0 = 0; c0 < n_chunks; c0 += kCU) {
+      for (int c0 = 0; c0 < n_chunks; c0 += kCU) {
         // weights of kCU chunks x NO rows, issued together (16-byte loads, coalesced over the kw
         // lanes of a slot): ~8 blocks in flight per lane whatever NO is
+        constexpr int kNS = F == Fmt::Fp8 ? 1 : NO;  // weight scales per K block and lane
         uint32_t wq[kCU][NO][kWW];
-        float wsv[kCU][NO];
+        float wsv[kCU][kNS];
+        if (rows_full && c0 + kCU <= full_chunks) {  // warp-uniform: no bounds to check
 #pragma unroll
-        for (int u = 0; u < kCU; ++u) {
-          const int64_t kb = (c0 + u) * kw + kbl;
+          for (int u = 0; u < kCU; ++u) {
+            const int koff = (c0 + u) * kw;
 #pragma unroll
-          for (int j = 0; j < NO; ++j) {
-            const int64_t o = o_lane + j;
-            if (c0 + u < n_chunks && kb < nb && o < a.out) {
-              if constexpr (F == Fmt::Fp8) {
-                load_words(wbase + o * in + kb * 32, wq[u][j]);
-                wsv[u][j] = dev::e8m0_value(sbase[(o / 32) * snb + kb]);
+            for (int j = 0; j < NO; ++j) load_words(w_lane + j * w_row_bytes + koff * kRowBytesPerBlock, wq[u][j]);
+#pragma unroll
+            for (int j = 0; j < kNS; ++j) wsv[u][j] = e8m0_value_nb(s_lane[j * nb + koff]);
+          }
+        } else {
+#pragma unroll
+          for (int u = 0; u < kCU; ++u) {
+            const int koff = (c0 + u) * kw;
+            const bool k_ok = c0 + u < n_chunks && koff + kbl < nb;
+#pragma unroll
+            for (int j = 0; j < NO; ++j) {
+              if (k_ok && o_lane + j < a.out) {
+                load_words(w_lane + j * w_row_bytes + koff * kRowBytesPerBlock, wq[u][j]);
               } else {
-                load_words(wbase + o * (in / 2) + kb * 16, wq[u][j]);
-                wsv[u][j] = dev::e8m0_value(sbase[o * nb + kb]);
-              }
-            } else {
 #pragma unroll
-              for (int i = 0; i < kWW; ++i) wq[u][j][i] = 0;
-              wsv[u][j] = 0.0f;
+                for (int i = 0; i < kWW; ++i) wq[u][j][i] = 0;
+              }
             }
+#pragma unroll
+            for (int j = 0; j < kNS; ++j)
+              wsv[u][j] = k_ok && o_lane + j < a.out ? e8m0_value_nb(s_lane[j * nb + koff]) : 0.0f;
           }
         }
         // keep the L2 window prefetch_chunks ahead of the chunks just loaded (warp-uniform)
@@ -298,11 +364,11 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
         }
 #pragma unroll
         for (int u = 0; u < kCU; ++u) {
-          const int64_t c = c0 + u;
+          const int c = c0 + u;
           if (c >= n_chunks) break;  // uniform over the warp
-          const int64_t kb = c * kw + kbl;
-          const bool kb_ok = kb < nb;
-          const int cnt = static_cast<int>(nb - c * kw < kw ? nb - c * kw : kw);
+          const int koff = c * kw;
+          const bool kb_ok = koff + kbl < nb;
+          const int cnt = static_cast<int>(nb - koff < kw ? nb - koff : kw);
           float term[R][NO];
           if (kb_ok) {
             // activation codes of the R rows
@@ -311,8 +377,8 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
 #pragma unroll
             for (int r = 0; r < R; ++r) {
               if (r < grp.nr) {
-                load_words(a.x_codes + grp.x_row[r] * in + kb * 32, xq[r]);
-                xsv[r] = a.x_scales[grp.x_row[r] * nb + kb];
+                load_words(a.x_codes + (x_blk[r] + koff) * 32, xq[r]);
+                xsv[r] = a.x_scales[x_blk[r] + koff];
               } else {
 #pragma unroll
                 for (int i = 0; i < 8; ++i) xq[r][i] = 0;
@@ -324,40 +390,56 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
             for (int r = 0; r < R; ++r)
 #pragma unroll
               for (int j = 0; j < NO; ++j) part[r][j] = 0.0f;
-            // the block dot, element by element in K order for every (row, output)
+            // the block dot, element by element in K order for every (row, output); the activation
+            // codes are decoded once per group of elements and shared by the NO outputs
+            if constexpr (F == Fmt::Fp8) {
 #pragma unroll
-            for (int i = 0; i < 32; i += 2) {
-              float xv0[R], xv1[R];
+              for (int q = 0; q < 8; ++q) {  // word q: elements 4q .. 4q+3
+                float xv[R][4];
 #pragma unroll
-              for (int r = 0; r < R; ++r) {
-                const uint32_t word = xq[r][i >> 2];
-                xv0[r] = my_e4m3[((word >> (8 * (i & 3))) & 0xFF) << 5];
-                xv1[r] = my_e4m3[((word >> (8 * ((i + 1) & 3))) & 0xFF) << 5];
-              }
+                for (int r = 0; r < R; ++r) e4m3x4_to_f32(xq[r][q], xv[r]);
 #pragma unroll
-              for (int j = 0; j < NO; ++j) {
-                float w0, w1;
-                if constexpr (F == Fmt::Fp8) {
-                  const uint32_t word = wq[u][j][i >> 2];
-                  w0 = my_e4m3[((word >> (8 * (i & 3))) & 0xFF) << 5];
-                  w1 = my_e4m3[((word >> (8 * ((i + 1) & 3))) & 0xFF) << 5];
-                } else {
-                  const uint32_t word = wq[u][j][i >> 3];
-                  const uint32_t pr = my_e2m1[((word >> (8 * ((i >> 1) & 3))) & 0xFF) << 5];
-                  w0 = __uint_as_float(pr << 16);
-                  w1 = __uint_as_float(pr & 0xFFFF0000u);
+                for (int j = 0; j < NO; ++j) {
+                  float wv[4];
+                  e4m3x4_to_f32(wq[u][j][q], wv);
+#pragma unroll
+                  for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) part[r][j] = fmaf(xv[r][e], wv[e], part[r][j]);
                 }
+              }
+            } else {
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {  // weight word q: elements 8q .. 8q+7
+                float xv[R][8];
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                  part[r][j] = fmaf(xv0[r], w0, part[r][j]);
-                  part[r][j] = fmaf(xv1[r], w1, part[r][j]);
+                  float lo[4], hi[4];
+                  e4m3x4_to_f32(xq[r][2 * q], lo);
+                  e4m3x4_to_f32(xq[r][2 * q + 1], hi);
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) xv[r][e] = lo[e], xv[r][4 + e] = hi[e];
+                }
+#pragma unroll
+                for (int j = 0; j < NO; ++j) {
+                  float wv[8];  // w·2^-6
+                  e2m1x8_to_f32_scaled(wq[u][j][q], wv);
+#pragma unroll
+                  for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) part[r][j] = fmaf(xv[r][e], wv[e], part[r][j]);
                 }
               }
+#pragma unroll
+              for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < NO; ++j) part[r][j] = __fmul_rn(part[r][j], kE2m1Unscale);  // exact
             }
 #pragma unroll
             for (int r = 0; r < R; ++r)
 #pragma unroll
-              for (int j = 0; j < NO; ++j) term[r][j] = __fmul_rn(__fmul_rn(part[r][j], xsv[r]), wsv[u][j]);
+              for (int j = 0; j < NO; ++j)
+                term[r][j] = __fmul_rn(__fmul_rn(part[r][j], xsv[r]), wsv[u][F == Fmt::Fp8 ? 0 : j]);
           } else {
 #pragma unroll
             for (int r = 0; r < R; ++r)
@@ -369,15 +451,22 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
           for (int r = 0; r < R; ++r)
             if (r < grp.nr)
 #pragma unroll
-              for (int j = 0; j < NO; ++j) fb[((r * ns + slot) * NO + j) * fstride + kbl] = term[r][j];
+              for (int j = 0; j < NO; ++j) fb[fold_offset((r * ns + slot) * NO + j) + kbl] = term[r][j];
           __syncwarp();
 #pragma unroll
           for (int q = 0; q < kFold; ++q) {
             const int p = lane + 32 * q;
             if (p < pairs) {
-              const float* src = fb + p * fstride;
+              const float* src = fb + fold_offset(p);
               float v = acc[q];
-              for (int i = 0; i < cnt; ++i) v = __fadd_rn(v, src[i]);
+              if (cnt == kw) {  // whole chunk: 16-byte reads (kw is a multiple of 4)
+                for (int i = 0; i < kw; i += 4) {
+                  const float4 t = *reinterpret_cast<const float4*>(src + i);
+                  v = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(v, t.x), t.y), t.z), t.w);
+                }
+              } else {
+                for (int i = 0; i < cnt; ++i) v = __fadd_rn(v, src[i]);
+              }
               acc[q] = v;
             }
           }
@@ -440,8 +529,7 @@ int pick_kw(int64_t nb) {
 
 template <Fmt F, int R, int NO>
 size_t smem_bytes() {
-  return static_cast<size_t>((F == Fmt::Fp4 ? 2 : 1) * kTableWords) * 4 +
-         static_cast<size_t>(kWarps) * (R * NO * 32 + R * NO * 4) * 4;
+  return static_cast<size_t>(kWarps) * fold_words<R, NO>() * 4;
 }
 
 // DSV41_LIN_NO_L2_PREFETCH=1 turns the L2 window off (for measuring what it brings).
@@ -606,9 +694,16 @@ cudaError_t lin4(const Lin4Args& a, cudaStream_t s) {
   b.y = a.y;
   b.y_stride = a.y_stride;
   b.round_bf16 = a.round_bf16;
-  // Group size: one token's pairs never share an expert; a few tokens rarely do; passes often.
-  const int R = a.rows <= 8 ? 1 : (a.rows <= 64 ? 2 : 4);
+  // Group size: one token's pairs never share an expert, and while there are fewer pairs than
+  // experts (decode batches over a large bank) sharing is rare, so a group of R > 1 would mostly run
+  // R-row arithmetic for one row; passes share often.
+  const int64_t per_expert = a.expert_ids ? a.rows / std::max<int64_t>(1, a.w.n_experts) : a.rows;
+  const int R = a.rows <= 8 || per_expert == 0 ? 1 : (a.rows <= 64 ? 2 : 4);
   return launch<Fmt::Fp4>(b, R, a.rows, s);
+}
+cudaError_t lin_decode_all(float* e4m3_out, float* e2m1_out, cudaStream_t s) {
+  lin_decode_all_kernel<<<1, 256, 0, s>>>(e4m3_out, e2m1_out);
+  return cudaGetLastError();
 }
 }  // namespace raw
 

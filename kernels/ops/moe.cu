@@ -7,6 +7,7 @@
 // each 256-wide K block's fma chain on its own thread; selection keeps each lane's candidate
 // scores in registers; the combine finds the expert-id order once per block. All keep the
 // reference's order and rounding.
+#include "ops/act_quant.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -154,7 +155,13 @@ __global__ void swiglu_kernel(SwigluArgs a) {
     }
     float act = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, dev::exp_ref(-g))), u);
     if (a.row_weight) act = __fmul_rn(a.row_weight[idx / a.inter], act);
-    a.out[idx] = dev::bf16_round(act);
+    const float v = dev::bf16_round(act);
+    a.out[idx] = v;
+    // ActQuant8 of the output row for the down projection: with inter % 32 == 0 and a block size
+    // and grid stride that are multiples of 32, a warp's 32 consecutive idx are one 32-block of
+    // one row and the whole warp is inside `total` or outside it. The rows are contiguous, so
+    // element idx's code is codes[idx] and its block's scale scales[idx / 32].
+    if (a.codes) dev::act_quant8_store(v, 0, idx, a.inter, a.codes, a.scales);
   }
 }
 

@@ -5,6 +5,11 @@
 // the warps sum the reference's chains from there (block_torch_sum: the chains' steps in parallel,
 // then the fold cascade), and the whole block writes the output. (A warp reading its chain straight from global memory waits a memory latency per step:
 // 37 µs for a 5120-wide row.) Rows too wide for shared memory take the unstaged warp-per-row form.
+//
+// With codes/scales set, the kernel also writes ActQuant8 of its bf16-rounded output rows (the
+// input of the FP8/FP4 linears that read the normed rows): in both forms a warp writes 32
+// consecutive outputs of one row at a time, which is exactly one 32-block (d % 32 == 0).
+#include "ops/act_quant.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -34,7 +39,11 @@ __global__ void __launch_bounds__(kThreads) rms_norm_staged_kernel(RmsNormArgs a
   const float sum = dev::block_torch_sum([&](int64_t i) { return __fmul_rn(sx[i], sx[i]); }, a.d, scratch, &s_sum);
   const float var = __fdiv_rn(sum, static_cast<float>(a.d));
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, a.eps)));
-  for (int64_t i = threadIdx.x; i < a.d; i += kThreads) out[i] = dev::bf16_round(__fmul_rn(sw[i], __fmul_rn(sx[i], r)));
+  for (int64_t i = threadIdx.x; i < a.d; i += kThreads) {
+    const float v = dev::bf16_round(__fmul_rn(sw[i], __fmul_rn(sx[i], r)));
+    out[i] = v;
+    if (a.codes) dev::act_quant8_store(v, row, i, a.d, a.codes, a.scales);
+  }
 }
 
 __global__ void rms_norm_kernel(RmsNormArgs a) {
@@ -47,7 +56,11 @@ __global__ void rms_norm_kernel(RmsNormArgs a) {
   const float var = __fdiv_rn(sum, static_cast<float>(a.d));
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, a.eps)));
   __syncwarp();
-  for (int64_t i = threadIdx.x & 31; i < a.d; i += 32) out[i] = dev::bf16_round(__fmul_rn(a.w[i], __fmul_rn(x[i], r)));
+  for (int64_t i = threadIdx.x & 31; i < a.d; i += 32) {
+    const float v = dev::bf16_round(__fmul_rn(a.w[i], __fmul_rn(x[i], r)));
+    out[i] = v;
+    if (a.codes) dev::act_quant8_store(v, row, i, a.d, a.codes, a.scales);
+  }
 }
 
 }  // namespace

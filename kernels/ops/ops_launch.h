@@ -21,6 +21,10 @@ struct RmsNormArgs {
   int64_t out_stride = 0;
   int64_t rows = 0, d = 0;
   float eps = 0.0f;
+  // Optional (both or neither; d % 32 == 0): ActQuant8 of the output rows written by the same
+  // kernel, codes [rows][d] e4m3 bytes and scales [rows][d/32], as act_quant8 of `out` would write.
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
 };
 
 struct RopeArgs {
@@ -158,6 +162,10 @@ struct SwigluArgs {
   const float* row_weight = nullptr;  // [rows] routing weights, nullptr for the shared expert
   float limit = 0.0f;                 // <= 0: no clamp
   float* out = nullptr;               // [rows][inter] bf16 values; may alias g
+  // Optional (both or neither; inter % 32 == 0): ActQuant8 of the output rows written by the same
+  // kernel, codes [rows][inter] and scales [rows][inter/32] (the down projection's input).
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
 };
 struct MoeCombineArgs {
   const float* routed = nullptr;  // [n*top_k][dim] expert outputs (bf16 values), pair order
@@ -358,11 +366,14 @@ cudaError_t topk_sorted(const TopkArgs& a, cudaStream_t s);
 cudaError_t candidate_blocks(const CandidateArgs& a, cudaStream_t s);
 cudaError_t candidate_mask(const CandidateMaskArgs& a, cudaStream_t s);
 cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s);
-// The two kernels sparse_attention picks from by shape (exposed for tests and benchmarks): rows =
-// one block per query and head group; split = one cluster of blocks per query and head group
-// (cudaErrorNotSupported, nothing launched, where the device or the shape does not allow it).
+// The kernels sparse_attention picks from by shape (exposed for tests and benchmarks): rows = one
+// block per query and head group; split = one cluster of blocks per query and head group (few
+// queries); tiled = one block per query and 32 heads, all heads of a chunk at once (many queries).
+// split and tiled: cudaErrorNotSupported, nothing launched, where the device or the shape does not
+// allow them.
 cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s);
 cudaError_t sparse_attention_split(const SparseAttnArgs& a, cudaStream_t s);
+cudaError_t sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t s);
 cudaError_t compress_pool(const CompressPoolArgs& a, cudaStream_t s);
 cudaError_t store_bf16(const StoreBf16Args& a, cudaStream_t s);
 }  // namespace raw

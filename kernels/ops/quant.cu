@@ -1,6 +1,7 @@
 // Activation quantisation (ActQuant8) and the quantise-dequantise steps QDQ8 / QDQ4a / QDQ4b of
 // MODEL.md §4: one warp per 32-value block (a half-warp pair of 16-blocks for QDQ4b); amax by warp
 // max, scales by the reference's bit trick, so codes and scales are exact.
+#include "ops/act_quant.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -8,7 +9,7 @@
 namespace dsv41::ops::gpu {
 namespace {
 
-constexpr float kFp8MaxInv = static_cast<float>(1.0 / 448.0);
+using dev::kFp8MaxInv;
 constexpr float kFp4MaxInv = static_cast<float>(1.0 / 6.0);
 
 __device__ __forceinline__ float half_warp_max(float v) {
@@ -26,11 +27,7 @@ __global__ void act_quant8_kernel(ActQuantArgs a) {
   for (int64_t wi = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; wi < total; wi += warps) {
     const int64_t r = wi / nb, b = wi % nb;
     const float x = a.x[r * a.x_stride + b * 32 + lane];
-    const float amax = fmaxf(dev::warp_max(fabsf(x)), 1e-4f);
-    const float sc = dev::pow2_ceil_scale(amax, kFp8MaxInv);
-    const float code = dev::e4m3_round(dev::clampf(__fdiv_rn(x, sc), -448.0f, 448.0f));
-    a.codes[r * a.k + b * 32 + lane] = dev::e4m3_bits(code);
-    if (lane == 0) a.scales[r * nb + b] = sc;
+    dev::act_quant8_store(x, r, b * 32 + lane, a.k, a.codes, a.scales);
   }
 }
 

@@ -5,7 +5,8 @@
 // reference's torch_sum order, bf16 probabilities in PV summed in list order, acc·c + pv, sink in
 // the denominator after the loop. Decode uses 1 head per block (more blocks for one query),
 // prefill several (fewer re-reads of the staged rows). Few queries (decode) take the split kernel
-// of sparse_attn_split.cuh instead: same arithmetic, spread over a cluster of blocks.
+// below instead (same arithmetic, spread over a cluster of blocks), many queries (prefill passes)
+// the tiled kernel of sparse_attn_tiled.cuh (same arithmetic, all heads of a group at once).
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -465,6 +466,8 @@ __global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(Spa
 #endif
 }
 
+#include "ops/sparse_attn_tiled.cuh"
+
 }  // namespace
 
 namespace raw {
@@ -537,13 +540,38 @@ cudaError_t sparse_attention_split(const SparseAttnArgs& a, cudaStream_t s) {
   return e;
 }
 
-// Few queries: the split kernel (the rows kernel would leave most of the GPU idle); many queries:
-// the rows kernel with `heads_per_block` heads per block.
+cudaError_t sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t s) {
+  if (a.n_q == 0) return cudaSuccess;
+  if (a.d < 8 || a.d > kTiledMaxD || a.d % 8 != 0 || a.n_q > 0x7fffffff ||
+      (a.heads + kTiledHeads - 1) / kTiledHeads > 65535 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0)
+    return cudaErrorNotSupported;
+  // As for the other kernels: the opt-in is raised once to the largest layout (d = 512).
+  static int configured[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= 64) return cudaErrorNotSupported;
+  const int want = static_cast<int>(tiled_layout(kTiledMaxD).total);
+  if (configured[dev] < want) {
+    e = cudaFuncSetAttribute(sparse_attn_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, want);
+    if (e != cudaSuccess) return e;
+    configured[dev] = want;
+  }
+  const dim3 grid(static_cast<unsigned>(a.n_q), static_cast<unsigned>((a.heads + kTiledHeads - 1) / kTiledHeads));
+  launch_pdl(sparse_attn_tiled_kernel, grid, kTiledThreads, tiled_layout(a.d).total, s, a);
+  return cudaGetLastError();
+}
+
+// Few queries: the split kernel (one query's list spread over a cluster); many queries (prefill
+// passes): the tiled kernel (all heads of a group per chunk at once). The rows kernel with
+// `heads_per_block` heads per block serves shapes neither takes.
 cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s) {
   if (a.n_q > 0 && a.n_q <= kSplitMaxQueries) {
     const cudaError_t e = sparse_attention_split(a, s);
     if (e != cudaErrorNotSupported) return e;
   }
+  const cudaError_t e = sparse_attention_tiled(a, s);
+  if (e != cudaErrorNotSupported) return e;
   return sparse_attention_rows(a, heads_per_block, s);
 }
 }  // namespace raw

@@ -12,6 +12,13 @@ using Json = nlohmann::ordered_json;
 
 double gb(double bytes) { return bytes / 1e9; }
 
+// Launches the host issued: eager kernel launches plus graph launches (a kernel captured into a
+// graph is launched with its graph). Without activity records, the runtime-API kernel launches.
+int64_t host_launches(const ProfileCounts& c) {
+  if (c.has_activity) return c.kernels_executed - c.graph_kernels + c.graph_launches;
+  return c.launches > 0 ? c.launches : c.kernels_executed;
+}
+
 Json counts_json(const ProfileCounts& c, int64_t steps, int64_t batch, size_t top) {
   Json j;
   const double per_tok = static_cast<double>(steps * batch);
@@ -20,9 +27,14 @@ Json counts_json(const ProfileCounts& c, int64_t steps, int64_t batch, size_t to
   j["launches_per_token"] = static_cast<double>(c.launches) / per_tok;
   j["copies_per_token"] = static_cast<double>(c.copies) / per_tok;
   j["syncs_per_token"] = static_cast<double>(c.syncs) / per_tok;
+  j["graph_launches"] = c.graph_launches;
+  j["graph_launches_per_token"] = static_cast<double>(c.graph_launches) / per_tok;
+  j["host_launches_per_token"] = static_cast<double>(host_launches(c)) / per_tok;
   j["activity"] = c.has_activity;
   if (c.has_activity) {
     j["kernels_executed"] = c.kernels_executed;
+    j["kernels_executed_per_token"] = static_cast<double>(c.kernels_executed) / per_tok;
+    j["graph_kernels"] = c.graph_kernels;
     j["kernel_ms"] = c.kernel_ns * 1e-6;
     j["copy_ms"] = c.copy_ns * 1e-6;
     j["gpu_busy_ms"] = c.busy_ns * 1e-6;
@@ -50,21 +62,29 @@ std::string format_decode(const DecodeReport& r) {
                               r.model_dir, r.layers, r.device, r.opts.steps, r.opts.warmup);
   s += fmt::format("floor: bytes a step must read / {:.2f} TB/s; launch counts: {}\n", o.copy_bandwidth / 1e12,
                    r.profile_note);
-  s += fmt::format("{:>5} {:>8} {:>10} {:>10} {:>12} {:>10} {:>9} {:>9} {:>8} {:>10} {:>9}\n", "batch", "context",
-                   "ms/step", "no-head", "ms/layer/tok", "tokens/s", "launch/t", "sync/t", "floor GB", "floor ms",
-                   "%roofline");
+  s += "launch/t: launches the host issued per token (eager kernels + graph launches); graph/t: of them CUDA graph "
+       "launches; kern/t: kernels the GPU executed per token; graphs / eager: ms/step with the decode CUDA graphs on / off "
+       "(ms/step is the model's mode; launch counts are of that mode)\n";
+  s += fmt::format("{:>5} {:>8} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>9} {:>8} {:>8} {:>9} {:>8} {:>10} {:>9}\n",
+                   "batch", "context", "ms/step", "graphs", "eager", "no-head", "ms/layer/tok", "tokens/s", "launch/t",
+                   "graph/t", "kern/t", "sync/t", "floor GB", "floor ms", "%roofline");
   for (const DecodeRow& w : r.rows) {
-    // Runtime-API launches; the executed-kernel count where the runtime callbacks saw none.
-    const int64_t n_launch = w.counts ? (w.counts->launches > 0 ? w.counts->launches : w.counts->kernels_executed) : 0;
-    const std::string launches =
-        w.counts ? fmt::format("{:.0f}", static_cast<double>(n_launch) / static_cast<double>(w.profiled_steps * w.batch))
-                 : "-";
-    const std::string syncs =
-        w.counts ? fmt::format("{:.0f}", static_cast<double>(w.counts->syncs) / static_cast<double>(w.profiled_steps * w.batch))
-                 : "-";
-    s += fmt::format("{:>5} {:>8} {:>10.3f} {:>10.3f} {:>12.4f} {:>10.1f} {:>9} {:>9} {:>8.3f} {:>10.4f} {:>8.2f}%\n",
-                     w.batch, w.context, w.step_ms, w.step_ms_no_head, w.ms_per_layer_token, w.tokens_per_s, launches,
-                     syncs, gb(w.floor.total()), w.floor_ms, w.roofline_pct);
+    const double per_tok = static_cast<double>(w.profiled_steps * w.batch);
+    auto count = [&](auto get) {
+      return w.counts ? fmt::format("{:.1f}", static_cast<double>(get(*w.counts)) / per_tok) : std::string("-");
+    };
+    const std::string launches = count([](const ProfileCounts& c) { return host_launches(c); });
+    const std::string graph = count([](const ProfileCounts& c) { return c.graph_launches; });
+    const std::string kern = w.counts && w.counts->has_activity
+                                 ? count([](const ProfileCounts& c) { return c.kernels_executed; })
+                                 : std::string("-");
+    const std::string syncs = count([](const ProfileCounts& c) { return c.syncs; });
+    const std::string with_graphs = w.step_ms_graphs > 0 ? fmt::format("{:.3f}", w.step_ms_graphs) : std::string("-");
+    const std::string eager = w.step_ms_no_graphs > 0 ? fmt::format("{:.3f}", w.step_ms_no_graphs) : std::string("-");
+    s += fmt::format(
+        "{:>5} {:>8} {:>10.3f} {:>10} {:>10} {:>10.3f} {:>12.4f} {:>10.1f} {:>9} {:>8} {:>8} {:>9} {:>8.3f} {:>10.4f} {:>8.2f}%\n",
+        w.batch, w.context, w.step_ms, with_graphs, eager, w.step_ms_no_head, w.ms_per_layer_token, w.tokens_per_s, launches, graph,
+        kern, syncs, gb(w.floor.total()), w.floor_ms, w.roofline_pct);
   }
   s += "floor parts per step (GB): dense weights, routed experts (expected distinct), state, Engram rows, head\n";
   for (const DecodeRow& w : r.rows)
@@ -130,6 +150,9 @@ std::string decode_json(const DecodeReport& r) {
     x["step_ms"] = w.step_ms;
     x["step_ms_min"] = w.step_ms_min;
     x["step_ms_no_head"] = w.step_ms_no_head;
+    x["cuda_graphs"] = w.cuda_graphs;
+    if (w.step_ms_graphs > 0) x["step_ms_graphs"] = w.step_ms_graphs;
+    if (w.step_ms_no_graphs > 0) x["step_ms_no_graphs"] = w.step_ms_no_graphs;
     x["ms_per_layer"] = w.ms_per_layer;
     x["ms_per_layer_token"] = w.ms_per_layer_token;
     x["tokens_per_s"] = w.tokens_per_s;

@@ -28,11 +28,11 @@ namespace {
 // here (one profiler per process; CUPTI allows one subscriber).
 struct Collected {
   std::atomic<bool> on{false};
-  std::atomic<int64_t> launches{0}, copies{0}, syncs{0};
+  std::atomic<int64_t> launches{0}, graph_launches{0}, copies{0}, syncs{0};
   std::mutex mu;
   std::map<std::string, KernelStat> kernels;
   std::vector<std::pair<uint64_t, uint64_t>> intervals;
-  int64_t kernels_executed = 0;
+  int64_t kernels_executed = 0, graph_kernels = 0;
   double kernel_ns = 0, copy_ns = 0;
 };
 Collected g;
@@ -82,6 +82,10 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, co
     case CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000:
       g.launches.fetch_add(1, std::memory_order_relaxed);
       break;
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000:
+    case CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000:
+      g.graph_launches.fetch_add(1, std::memory_order_relaxed);
+      break;
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020:
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000:
     case CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_v3020:
@@ -126,6 +130,7 @@ void CUPTIAPI on_buffer_complete(CUcontext, uint32_t, uint8_t* buffer, size_t, s
         st.total_ns += static_cast<double>(k->end - k->start);
         g.kernel_ns += static_cast<double>(k->end - k->start);
         ++g.kernels_executed;
+        if (k->graphId != 0) ++g.graph_kernels;  // a node of a launched graph
         g.intervals.emplace_back(k->start, k->end);
       } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
@@ -204,9 +209,11 @@ void KernelProfiler::start() {
     g.kernels.clear();
     g.intervals.clear();
     g.kernels_executed = 0;
+    g.graph_kernels = 0;
     g.kernel_ns = g.copy_ns = 0;
   }
   g.launches = 0;
+  g.graph_launches = 0;
   g.copies = 0;
   g.syncs = 0;
   if (api_->activity)
@@ -225,11 +232,13 @@ ProfileCounts KernelProfiler::stop() {
     api_->act_disable(CUPTI_ACTIVITY_KIND_MEMCPY);
   }
   out.launches = g.launches;
+  out.graph_launches = g.graph_launches;
   out.copies = g.copies;
   out.syncs = g.syncs;
   std::lock_guard<std::mutex> lock(g.mu);
   out.has_activity = api_->activity && g.kernels_executed > 0;
   out.kernels_executed = g.kernels_executed;
+  out.graph_kernels = g.graph_kernels;
   out.kernel_ns = g.kernel_ns;
   out.copy_ns = g.copy_ns;
   auto iv = g.intervals;

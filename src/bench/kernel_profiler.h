@@ -24,11 +24,13 @@ struct KernelStat {
 };
 
 struct ProfileCounts {
-  int64_t launches = 0;         // runtime API kernel launches
+  int64_t launches = 0;         // runtime API kernel launches (with CUDA graphs: also those captured into a graph)
+  int64_t graph_launches = 0;   // cudaGraphLaunch calls (each runs a captured segment of kernels)
   int64_t copies = 0;           // runtime API async copies and memsets
   int64_t syncs = 0;            // cudaStreamSynchronize + cudaDeviceSynchronize
   bool has_activity = false;    // activity records were collected
   int64_t kernels_executed = 0; // kernel activity records
+  int64_t graph_kernels = 0;    // of them, kernels executed as nodes of a CUDA graph
   double kernel_ns = 0;         // sum of kernel durations
   double copy_ns = 0;           // sum of copy durations
   double busy_ns = 0;           // union of kernel and copy intervals (GPU busy time)

@@ -245,7 +245,8 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
   DSV_CHECK(o.spec_tokens == 0 || o.common.device == "cuda",
             "--spec-tokens: the speculation benchmark runs on --device cuda (CPU: tests/bench/bench_spec)");
   const int64_t spec_room = o.spec_tokens > 0 ? (o.warmup + o.steps + 2) * (o.spec_tokens + 1) : 0;
-  const int64_t room = max_ctx + std::max(o.warmup + 2 * o.steps + profiled + 1, spec_room);
+  // Steps per sequence: warm-up, timed with and without the head, timed without CUDA graphs, profiled.
+  const int64_t room = max_ctx + std::max(o.warmup + 3 * o.steps + profiled + 2, spec_room);
 
   Backend be = load_backend(o.common, room, 0);
   const ModelConfig& cfg = be.config();
@@ -282,7 +283,7 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
       std::vector<std::unique_ptr<SeqState>> states;
       for (int64_t i = 0; i < batch; ++i)
         states.push_back(be.filled_sequence(context, o.common.seed * 1000003u + static_cast<uint64_t>(i)));
-      const std::vector<int32_t> toks = be.random_tokens(batch * (o.warmup + 2 * o.steps + profiled), o.common.seed);
+      const std::vector<int32_t> toks = be.random_tokens(batch * (o.warmup + 3 * o.steps + profiled + 1), o.common.seed);
       size_t next_tok = 0;
       std::vector<std::vector<float>> logits(static_cast<size_t>(batch));
       auto step = [&](bool with_logits) {
@@ -301,6 +302,17 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
       std::vector<double> with, without;
       for (int64_t i = 0; i < o.steps; ++i) with.push_back(step(true));
       for (int64_t i = 0; i < o.steps; ++i) without.push_back(step(false));
+      // The same steps in the other decode mode (CUDA graphs on or off), after one untimed step in
+      // that mode (it builds the graph executables, or leaves them).
+      const bool graphs = be.cuda && be.cuda->cuda_graphs();
+      const bool both_modes = be.cuda && be.cuda->cuda_graphs_available();
+      std::vector<double> other;
+      if (both_modes) {
+        be.cuda->set_cuda_graphs(!graphs);
+        step(true);
+        for (int64_t i = 0; i < o.steps; ++i) other.push_back(step(true));
+        be.cuda->set_cuda_graphs(graphs);
+      }
 
       DecodeRow row;
       row.batch = batch;
@@ -308,6 +320,11 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
       row.step_ms = median(with);
       row.step_ms_min = *std::min_element(with.begin(), with.end());
       row.step_ms_no_head = median(without);
+      row.cuda_graphs = graphs;
+      if (both_modes) {
+        row.step_ms_graphs = graphs ? row.step_ms : median(other);
+        row.step_ms_no_graphs = graphs ? median(other) : row.step_ms;
+      }
       row.ms_per_layer = row.step_ms_no_head / L;
       row.ms_per_layer_token = row.ms_per_layer / static_cast<double>(batch);
       row.tokens_per_s = static_cast<double>(batch) * 1e3 / row.step_ms;
@@ -349,8 +366,18 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
         row.tp2_at_measured_ms = (tp.memory_s * (row.step_ms / row.floor_ms) + tp.allreduce_s) * 1e3;
       }
       if (o.spec_tokens > 0) run_spec(be, o, r.spec_rate, batch, context, row);
-      spdlog::info("bench decode: batch {} context {}: {:.3f} ms/step ({:.3f} without head), floor {:.4f} ms", batch,
-                   context, row.step_ms, row.step_ms_no_head, row.floor_ms);
+      spdlog::info("bench decode: batch {} context {}: {:.3f} ms/step ({:.3f} without head; CUDA graphs {:.3f}, eager "
+                   "{:.3f}), floor {:.4f} ms",
+                   batch, context, row.step_ms, row.step_ms_no_head, row.step_ms_graphs, row.step_ms_no_graphs,
+                   row.floor_ms);
+      if (be.cuda) {
+        const model::CudaGraphStats g = be.cuda->graph_stats();
+        spdlog::info("bench decode: CUDA graphs so far: {} steps, {} launches, {} executable updates, {} instantiations; "
+                     "host ms per step: capture {:.3f}, update {:.3f}, instantiate {:.3f}, launch {:.3f}",
+                     g.steps, g.graph_launches, g.updates, g.instantiations, g.capture_ms / std::max<int64_t>(1, g.steps),
+                     g.update_ms / std::max<int64_t>(1, g.steps), g.instantiate_ms / std::max<int64_t>(1, g.steps),
+                     g.launch_ms / std::max<int64_t>(1, g.steps));
+      }
       r.rows.push_back(row);
     }
   }

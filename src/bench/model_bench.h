@@ -60,6 +60,9 @@ struct DecodeRow {
   double step_ms = 0;          // median wall time of a decode step (b sequences, one token each)
   double step_ms_min = 0;
   double step_ms_no_head = 0;  // median step without logits (the head is skipped)
+  bool cuda_graphs = false;    // the timed steps (step_ms) ran in CUDA graphs
+  double step_ms_graphs = 0;     // median step (with logits) with the decode graphs on (0: not available)
+  double step_ms_no_graphs = 0;  // the same with them off (0: not available)
   double ms_per_layer = 0;     // step_ms_no_head / layers: one layer of one step
   double ms_per_layer_token = 0;  // ms_per_layer / batch
   double tokens_per_s = 0;

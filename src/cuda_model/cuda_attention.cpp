@@ -50,24 +50,27 @@ void Impl::rope_rows(const GpuBlock& b, const gpu::RopeArgs& at, float* v, int64
   gpu::rope(r, stream);
 }
 
-void Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at) {
+QuantizedInput Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, const QuantizedInput& xq) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim, qlr = c.q_lora_rank, Hl = b.n_heads;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true);
+  linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true, xq);
+  // q_norm writes the codes of the q latent for wq_b and the indexer's wq_b (kept in sc.qr_codes).
   gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
-  gpu::rms_norm(qn, stream);
-  linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true);
-  linear(b.wkv, sc.x, dim, n, sc.kv, hd, true);
+  const bool qr_codes = takes_codes(b.wq_b) || (b.has_indexer && takes_codes(b.i_wq_b));
+  const QuantizedInput qrq = rms_norm_rows(qn, qr_codes, sc.qr_codes, sc.qr_scales);
+  linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true, qrq);
+  linear(b.wkv, sc.x, dim, n, sc.kv, hd, true, xq);
   rope_rows(b, at, sc.q + hd - rd, n, Hl, hd, Hl * hd, false);
   gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
   gpu::rms_norm(kn, stream);
   rope_rows(b, at, sc.kv + hd - rd, n, 1, hd, hd, false);
   gpu::QdqArgs q8{sc.kv, n, hd, hd, gpu::QdqKind::Q8};
   gpu::qdq(q8, stream);
+  return qrq;
 }
 
-void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p) {
+void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p, const QuantizedInput& xq) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, start = p.start, end = start + n, L = b.layer;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim;
@@ -80,7 +83,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
 
   // ---- q, window kv (under tensor parallelism q, o hold this rank's heads only) ----
   const int64_t Hl = b.n_heads;
-  project_q_kv(b, n, at);
+  const QuantizedInput qrq = project_q_kv(b, n, at, xq);
   uint16_t* ring = st.ring[static_cast<size_t>(L)].as<uint16_t>();
   auto store = [&](const float* x, int64_t rows, uint16_t* dst) {
     gpu::StoreBf16Args s{x, rows, hd, hd, dst, hd};
@@ -127,11 +130,11 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
       if (T > 0) {
         DSV_ASSERT(T <= sc.t_max, "indexer: {} score columns exceed the scratch's {}", T, sc.t_max);
         const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
-        linear(b.i_wq_b, sc.qr, qlr, n, sc.qi, IH * ID, true);
+        linear(b.i_wq_b, sc.qr, qlr, n, sc.qi, IH * ID, true, qrq);
         rope(sc.qi + ID - rd, IH, ID, IH * ID, false);
         gpu::QdqArgs q4{sc.qi, n * IH, ID, ID, gpu::QdqKind::Q4a};
         gpu::qdq(q4, stream);
-        linear(b.i_weights_proj, sc.x, dim, n, sc.iw, IH, true);
+        linear(b.i_weights_proj, sc.x, dim, n, sc.iw, IH, true, xq);
         const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
                                                 std::pow(static_cast<double>(IH), -0.5));
         gpu::ScaleRoundArgs sr{sc.iw, n, IH, IH, wscale};
@@ -163,7 +166,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         gpu::check_cuda(cudaMemcpyAsync(scores, sc.scores, static_cast<size_t>(n * T) * 4, cudaMemcpyDeviceToHost,
                                         stream),
                         "index scores download");
-        gpu::check_cuda(cudaStreamSynchronize(stream), "index scores");
+        host_point_sync("index scores");  // a decode step's graph segment ends here (cuda_step.cpp)
         if (is_cand_src) {
           shared.candidates.assign(static_cast<size_t>(n), {});
           shared.has_candidates = true;
@@ -189,6 +192,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         });
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(n * k) * 4, cudaMemcpyHostToDevice, stream),
                         "top-k upload");
+        host_point_resume();  // the next graph segment starts after the eager upload
         shared.topk_len = k;
       }
     }

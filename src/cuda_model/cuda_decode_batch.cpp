@@ -12,9 +12,9 @@
 // the kernel's chunking, so rows of other lengths run in their own launch). The mHC mixes use the
 // arithmetic of a one-row decode call for every row (see block_forward).
 //
-// Host synchronisations per pass (what a CUDA graph of the step would have to move to the device
-// first): one per Engram layer (its table rows are staged through host memory), one per indexer
-// layer (the top-k runs on the host), the final one; under tensor parallelism one per collective.
+// Host synchronisations per pass: one per indexer layer (the top-k runs on the host: the step's
+// CUDA graph segments end there, cuda_graph.h), the final one; under tensor parallelism one per
+// collective. The Engram rows of every Engram layer are staged before the pass (engram_stage).
 #include "cuda_model/cuda_dspark.h"
 #include "cuda_model/cuda_impl.h"
 
@@ -128,6 +128,8 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
       hist[k] = k == 0 ? token_map[static_cast<size_t>(tokens[t])] : k <= hlen ? h[static_cast<size_t>(hlen - k)] : -1;
   });
 
+  engram_stage(eng, n);
+
   // ---- the rows' positions and, per layer, their attention pools (one upload each) ----
   gpu::check_cuda(cudaMemcpyAsync(sc.positions, db.pos.data(), static_cast<size_t>(n) * 8, cudaMemcpyHostToDevice,
                                   stream),
@@ -145,21 +147,28 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
                                   stream),
                   "attention pools upload");
 
-  embed_rows(tokens, n);
+  // ---- the step's kernels, in CUDA graphs when on (bucket: the row count) ----
+  StepGraphs* graph = decode_graphs();
+  StepGraphGuard graph_guard(graph);
+  upload_embed_inputs(tokens, n);
+  if (graph) graph->begin(n);
+  embed_kernel(n);
   const Pass p{0, n, 0, true};
   for (int64_t L = 0; L < layers; ++L) {
     const GpuBlock& b = blocks[static_cast<size_t>(L)];
-    if (b.has_engram) {
-      const auto e = static_cast<size_t>(b.engram_index);
-      engram(b, *eng.fetch[e], eng.rows[e], n);
-    }
+    // Each layer its own graph segment: the GPU runs the previous layer while this one is captured.
+    if (graph && L > 0) graph->split();
+    if (b.has_engram) engram(b, engram_layer_rows(b.engram_index, n), n);
     if (dspark) dspark_capture_tap(*this, L, n);
-    block_forward(b, p, [&] { attention_batch(b, db); });
+    block_forward(b, p, [&](const QuantizedInput& xq) { attention_batch(b, db, xq); });
   }
 
   // ---- head over every row when any item wants logits (one read of the head) ----
-  if (std::any_of(logits.begin(), logits.end(), [](const std::vector<float>* l) { return l != nullptr; })) {
-    final_rows(0, n);
+  const bool head = std::any_of(logits.begin(), logits.end(), [](const std::vector<float>* l) { return l != nullptr; });
+  if (head) final_rows(0, n);
+  if (dspark) dspark_feed_rings_batch(*this, db);
+  if (graph) graph->end();
+  if (head) {  // into the callers' (pageable) vectors, after the graph
     for (int64_t i = 0; i < n; ++i) {
       std::vector<float>* l = logits[static_cast<size_t>(i)];
       if (!l) continue;
@@ -168,7 +177,6 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
                       "logits download");
     }
   }
-  if (dspark) dspark_feed_rings_batch(*this, db);
   gpu::check_cuda(cudaStreamSynchronize(stream), "batched decode");
 
   for (int64_t i = 0; i < n; ++i) {
@@ -180,7 +188,7 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
 
 // CSA2 attention of one layer for the batch's rows (Impl::attention's decode path, row by row
 // where the state is the sequence's).
-void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db) {
+void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedInput& xq) {
   const ModelConfig& c = cfg;
   const int64_t n = db.rows(), L = b.layer;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim;
@@ -195,7 +203,7 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db) {
 
   // ---- q, window kv: row-wise; each row into its own ring slot ----
   const int64_t Hl = b.n_heads;
-  project_q_kv(b, n, at);
+  const QuantizedInput qrq = project_q_kv(b, n, at, xq);
   for (int64_t i = 0; i < n; ++i) {
     uint16_t* ring = seq(i).ring[static_cast<size_t>(L)].as<uint16_t>();
     gpu::StoreBf16Args s{sc.kv + i * hd, 1, hd, hd, ring + (pos(i) % win) * hd, hd};
@@ -253,11 +261,11 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db) {
       }
       if (total > 0) {
         const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
-        linear(b.i_wq_b, sc.qr, qlr, n, sc.qi, IH * ID, true);
+        linear(b.i_wq_b, sc.qr, qlr, n, sc.qi, IH * ID, true, qrq);
         rope(sc.qi + ID - rd, IH, ID, IH * ID, false);
         gpu::QdqArgs q4{sc.qi, n * IH, ID, ID, gpu::QdqKind::Q4a};
         gpu::qdq(q4, stream);
-        linear(b.i_weights_proj, sc.x, dim, n, sc.iw, IH, true);
+        linear(b.i_weights_proj, sc.x, dim, n, sc.iw, IH, true, xq);
         const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
                                                 std::pow(static_cast<double>(IH), -0.5));
         gpu::ScaleRoundArgs sr{sc.iw, n, IH, IH, wscale};
@@ -292,7 +300,7 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db) {
         float* scores = scores_host.data();
         gpu::check_cuda(cudaMemcpyAsync(scores, sc.scores, static_cast<size_t>(total) * 4, cudaMemcpyDeviceToHost, stream),
                         "index scores download");
-        gpu::check_cuda(cudaStreamSynchronize(stream), "index scores");
+        host_point_sync("index scores");  // a decode step's graph segment ends here (cuda_step.cpp)
         int32_t* sel_out = topk_host.data();
         parallel_for(n, [&](int64_t i0, int64_t i1) {
           for (int64_t i = i0; i < i1; ++i) {
@@ -316,6 +324,7 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db) {
         });
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(kept) * 4, cudaMemcpyHostToDevice, stream),
                         "top-k upload");
+        host_point_resume();  // the next graph segment starts after the eager upload
         for (int64_t i = 0; i < n; ++i) db.shared[static_cast<size_t>(i)].topk_len = k_row[static_cast<size_t>(i)];
       }
     }

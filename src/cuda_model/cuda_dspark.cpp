@@ -143,11 +143,14 @@ void ring_rows(Impl& m, int64_t t0, int64_t rows, int64_t pos0, const int64_t* p
   float* mx = d.main_x.as<float>();
   float* kv = d.ring_kv.as<float>();
   m.linear(d.main_proj, d.taps.as<float>() + t0 * d.n_taps * dim, d.n_taps * dim, rows, mx, dim, true);
+  // main_norm writes the codes of mx once for every stage's wkv (sc.x_codes: no block runs now).
+  bool want_codes = false;
+  for (const GpuBlock& b : d.stages) want_codes = want_codes || Impl::takes_codes(b.wkv);
   gpu::RmsNormArgs mn{mx, dim, d.main_norm.as<float>(), mx, dim, rows, dim, eps};
-  gpu::rms_norm(mn, m.stream);
+  const QuantizedInput mxq = m.rms_norm_rows(mn, want_codes, m.sc.x_codes, m.sc.x_scales);
   for (size_t s = 0; s < d.stages.size(); ++s) {
     const GpuBlock& b = d.stages[s];
-    m.linear(b.wkv, mx, dim, rows, kv, hd, true);
+    m.linear(b.wkv, mx, dim, rows, kv, hd, true, mxq);
     gpu::RmsNormArgs kn{kv, hd, b.kv_norm.as<float>(), kv, hd, rows, hd, eps};
     gpu::rms_norm(kn, m.stream);
     gpu::RopeArgs r;
@@ -238,11 +241,12 @@ void stage_forward(Impl& m, size_t stage, std::span<CudaSeqState* const> seqs, c
       gpu::hc_mix(a, m.stream);
     }
   };
-  auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm) {
+  // The normed rows sc.x, with their codes (sc.x_codes) when an FP8/FP4 linear reads them.
+  auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm, bool want_codes) {
     gpu::HcCollapseArgs a{sc.h, w, w_stride, n, hc, dim, sc.x};
     gpu::hc_collapse(a, m.stream);
     gpu::RmsNormArgs r{sc.x, dim, norm.as<float>(), sc.x, dim, n, dim, eps};
-    gpu::rms_norm(r, m.stream);
+    return m.rms_norm_rows(r, want_codes, sc.x_codes, sc.x_scales);
   };
   gpu::RopeArgs at;
   at.positions = d.positions.as<int64_t>();
@@ -251,10 +255,11 @@ void stage_forward(Impl& m, size_t stage, std::span<CudaSeqState* const> seqs, c
   };
 
   mix(b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sc.mix_a);
-  collapse_norm(sc.pre, hc, b.attn_norm);
+  const bool attn_codes = Impl::takes_codes(b.wq_a) || Impl::takes_codes(b.wkv);
+  const QuantizedInput xq = collapse_norm(sc.pre, hc, b.attn_norm, attn_codes);
 
   // ---- attention (block.cpp dspark_attention) ----
-  m.project_q_kv(b, n, at);  // a DSpark stage is loaded whole: b.n_heads == H
+  m.project_q_kv(b, n, at, xq);  // a DSpark stage is loaded whole: b.n_heads == H
   gpu::StoreBf16Args kb{sc.kv, n, hd, hd, sc.kv_bf16, hd};
   gpu::store_bf16(kb, m.stream);
   for (int64_t s = 0; s < ns; ++s) {
@@ -285,8 +290,9 @@ void stage_forward(Impl& m, size_t stage, std::span<CudaSeqState* const> seqs, c
   gpu::HcExpandArgs ea{sc.y, sc.h, sc.mix_a, n, hc, dim};
   gpu::hc_expand(ea, m.stream);
   mix(b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sc.mix_f);
-  collapse_norm(sc.mix_a, mixw, b.ffn_norm);
-  m.moe(b, n, true);  // exact kernels: a draft must not depend on how many sequences draft together
+  // exact kernels: a draft must not depend on how many sequences draft together; EXL3 experts (the
+  // shared one too) read the floats, FP4 banks always read codes
+  m.moe(b, n, true, collapse_norm(sc.mix_a, mixw, b.ffn_norm, !b.x_experts.loaded()));
   gpu::HcExpandArgs ef{sc.y, sc.h, sc.mix_f, n, hc, dim};
   gpu::hc_expand(ef, m.stream);
   gpu::check_cuda(cudaMemcpy2DAsync(sc.pre, static_cast<size_t>(hc) * 4, sc.mix_f, static_cast<size_t>(mixw) * 4,

@@ -15,8 +15,23 @@
 namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
 
+QuantizedInput Impl::quantize(const float* x, int64_t x_stride, int64_t m, int64_t k, uint8_t* codes, float* scales) {
+  gpu::ActQuantArgs q{x, m, k, x_stride, codes, scales};
+  gpu::act_quant8(q, stream);
+  return {codes, scales, m, k};
+}
+
+QuantizedInput Impl::rms_norm_rows(gpu::RmsNormArgs a, bool want_codes, uint8_t* codes, float* scales) {
+  const bool fused = want_codes && a.d % 32 == 0;
+  a.codes = fused ? codes : nullptr;
+  a.scales = fused ? scales : nullptr;
+  gpu::rms_norm(a, stream);
+  if (!fused) return {};
+  return {codes, scales, a.rows, a.d};
+}
+
 void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
-                  bool round) {
+                  bool round, const QuantizedInput& xq) {
   if (m == 0) return;
   if (l.kind == GpuLinear::Kind::Exl3) {
     linear_exl3(l, x, x_stride, m, y, y_stride, round);
@@ -37,13 +52,14 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
     gpu::lin_dense(a, stream);
     return;
   }
-  gpu::ActQuantArgs q{x, m, l.in, x_stride, sc.codes, sc.act_scales};
-  gpu::act_quant8(q, stream);
+  QuantizedInput in = xq;
+  if (in.empty()) in = quantize(x, x_stride, m, l.in, sc.codes, sc.act_scales);
+  DSV_ASSERT(in.k == l.in && in.rows >= m, "linear: codes of {} rows of {} for {} rows of {}", in.rows, in.k, m, l.in);
   if (l.kind == GpuLinear::Kind::Fp8) {
     gpu::Lin8Args a;
     a.w = {l.w.as<uint8_t>(), l.s.as<uint8_t>(), l.in, l.out};
-    a.x_codes = sc.codes;
-    a.x_scales = sc.act_scales;
+    a.x_codes = in.codes;
+    a.x_scales = in.scales;
     a.m = m;
     a.y = y;
     a.y_stride = y_stride;
@@ -52,8 +68,8 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
   } else {
     gpu::Lin4Args a;
     a.w = {l.w.as<uint8_t>(), l.s.as<uint8_t>(), l.in, l.out, 1};
-    a.x_codes = sc.codes;
-    a.x_scales = sc.act_scales;
+    a.x_codes = in.codes;
+    a.x_scales = in.scales;
     a.rows = m;
     a.y = y;
     a.y_stride = y_stride;
@@ -62,19 +78,13 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
   }
 }
 
-// Engram (block.cpp engram): the pass's table rows staged from the host store, dequantised on the
-// device, wkv, then the per-stream gates update the streams in place.
-void Impl::engram(const GpuBlock& b, const engram::EngramFetch& fetch, const std::vector<int64_t>& ids, int64_t n) {
+// Engram (block.cpp engram): the pass's table rows (staged for every Engram layer before the pass,
+// engram_stage) dequantised on the device, wkv, then the per-stream gates update the streams in place.
+void Impl::engram(const GpuBlock& b, const uint8_t* raw_rows, int64_t n) {
   const ModelConfig& c = cfg;
   const int64_t cols = c.n_engram_columns(), hdim = c.engram_head_dim, dim = c.hidden_size, hc = c.hc_mult;
   const int64_t rows = n * cols;
-  // The staging buffer is reused by the next Engram layer: wait for the previous upload's reader.
-  gpu::check_cuda(cudaStreamSynchronize(stream), "engram staging sync");
-  fetch.copy_rows(std::span<const int64_t>(ids.data(), static_cast<size_t>(rows)), engram_host.data());
-  gpu::check_cuda(cudaMemcpyAsync(sc.engram_raw, engram_host.data(), static_cast<size_t>(rows * engram_row_bytes),
-                                  cudaMemcpyHostToDevice, stream),
-                  "engram rows upload");
-  gpu::EngramDequantArgs d{sc.engram_raw, engram_row_bytes, sc.slots, rows, hdim, sc.engram_rows};
+  gpu::EngramDequantArgs d{raw_rows, engram_row_bytes, sc.slots, rows, hdim, sc.engram_rows};
   gpu::engram_dequant(d, stream);
   linear(b.e_wkv, sc.engram_rows, cols * hdim, n, sc.engram_kv, (hc + 1) * dim, true);
   gpu::EngramGateArgs g;
@@ -91,7 +101,7 @@ void Impl::engram(const GpuBlock& b, const engram::EngramFetch& fetch, const std
 
 // One block (block.cpp block_forward): the attention input is collapsed with the carried `pre`
 // weights, the MoE input with the attention site's pre; `pre` then becomes the MoE site's.
-void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<void()>& attend) {
+void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<void(const QuantizedInput&)>& attend) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, hc = c.hc_mult, dim = c.hidden_size, mixw = (2 + hc) * hc;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -134,20 +144,20 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
     }
     gpu::hc_mix(a, stream);
   };
-  auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm) {
+  // The normed rows sc.x, with their codes (sc.x_codes) when an FP8/FP4 linear reads them.
+  auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm, bool want_codes) {
     gpu::HcCollapseArgs a{sc.h, w, w_stride, n, hc, dim, sc.x};
     gpu::hc_collapse(a, stream);
     gpu::RmsNormArgs r{sc.x, dim, norm.as<float>(), sc.x, dim, n, dim, eps};
-    gpu::rms_norm(r, stream);
+    return rms_norm_rows(r, want_codes, sc.x_codes, sc.x_scales);
   };
   mix(b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sc.mix_a);
-  collapse_norm(sc.pre, hc, b.attn_norm);
-  attend();
+  attend(collapse_norm(sc.pre, hc, b.attn_norm, takes_codes(b.wq_a) || takes_codes(b.wkv)));
   gpu::HcExpandArgs ea{sc.y, sc.h, sc.mix_a, n, hc, dim};
   gpu::hc_expand(ea, stream);
   mix(b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sc.mix_f);
-  collapse_norm(sc.mix_a, mixw, b.ffn_norm);
-  moe(b, n, p.decode);
+  // EXL3 experts (the shared one too) read the floats; FP4 banks always read codes.
+  moe(b, n, p.decode, collapse_norm(sc.mix_a, mixw, b.ffn_norm, !b.x_experts.loaded()));
   gpu::HcExpandArgs ef{sc.y, sc.h, sc.mix_f, n, hc, dim};
   gpu::hc_expand(ef, stream);
   // pre <- the MoE site's pre weights (the first hc values of each mix row)
@@ -215,15 +225,24 @@ void Impl::engram_push_history(CudaSeqState& st, const int32_t* tokens, int64_t 
 }
 
 void Impl::embed_rows(const int32_t* tokens, int64_t n) {
-  const ModelConfig& c = cfg;
-  const int64_t dim = c.hidden_size, hc = c.hc_mult;
+  upload_embed_inputs(tokens, n);
+  embed_kernel(n);
+}
+
+// The uploads run before a step's graph capture begins (pageable sources cannot be captured).
+void Impl::upload_embed_inputs(const int32_t* tokens, int64_t n) {
+  const int64_t hc = cfg.hc_mult;
   gpu::check_cuda(cudaMemcpyAsync(sc.tokens, tokens, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream),
                   "tokens upload");
-  gpu::EmbedArgs ea{embed.as<uint16_t>(), c.vocab_size, dim, hc, sc.tokens, n, sc.h};
-  gpu::embed(ea, stream);
   std::vector<float> pre(static_cast<size_t>(n * hc), 0.0f);
   for (int64_t t = 0; t < n; ++t) pre[t * hc] = 1.0f;
   gpu::check_cuda(cudaMemcpyAsync(sc.pre, pre.data(), pre.size() * 4, cudaMemcpyHostToDevice, stream), "pre upload");
+}
+
+void Impl::embed_kernel(int64_t n) {
+  const ModelConfig& c = cfg;
+  gpu::EmbedArgs ea{embed.as<uint16_t>(), c.vocab_size, c.hidden_size, c.hc_mult, sc.tokens, n, sc.h};
+  gpu::embed(ea, stream);
 }
 
 void Impl::final_rows(int64_t row0, int64_t rows) {
@@ -253,19 +272,23 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
     }
   });
   if (dump) dump->engram_hash_ids.insert(dump->engram_hash_ids.end(), eng.hash_ids.begin(), eng.hash_ids.end());
+  engram_stage(eng, n);
 
-  // ---- embedding into hc streams, pre = (1, 0, ..) ----
-  embed_rows(tokens, n);
+  // ---- embedding into hc streams, pre = (1, 0, ..); a decode step from here in CUDA graphs ----
+  StepGraphs* graph = p.decode && !dump ? decode_graphs() : nullptr;
+  StepGraphGuard graph_guard(graph);
+  upload_embed_inputs(tokens, n);
+  if (graph) graph->begin(0);  // bucket 0: the solo decode step (batched passes use their row count)
+  embed_kernel(n);
 
   PassShared shared;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     const GpuBlock& b = blocks[static_cast<size_t>(L)];
-    if (b.has_engram) {
-      const auto e = static_cast<size_t>(b.engram_index);
-      engram(b, *eng.fetch[e], eng.rows[e], n);
-    }
+    // Each layer its own graph segment: the GPU runs the previous layer while this one is captured.
+    if (graph && L > 0) graph->split();
+    if (b.has_engram) engram(b, engram_layer_rows(b.engram_index, n), n);
     if (dspark) dspark_capture_tap(*this, L, n);  // DSpark target-layer taps (cuda_dspark.cpp)
-    block_forward(b, p, [&] { attention(b, st, shared, p); });
+    block_forward(b, p, [&](const QuantizedInput& xq) { attention(b, st, shared, p, xq); });
     if (dump) {
       std::vector<float> h(static_cast<size_t>(n * hc * dim)), pr(static_cast<size_t>(n * hc));
       gpu::check_cuda(cudaMemcpyAsync(h.data(), sc.h, h.size() * 4, cudaMemcpyDeviceToHost, stream), "dump h");
@@ -279,14 +302,13 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
   }
 
   // ---- final norm and head ----
-  if (logit_rows_from >= 0) {
-    const int64_t rows = n - logit_rows_from;
-    final_rows(logit_rows_from, rows);
-    gpu::check_cuda(cudaMemcpyAsync(logits_host, sc.logits, static_cast<size_t>(rows * V) * 4, cudaMemcpyDeviceToHost,
-                                    stream),
-                    "logits download");
-  }
+  if (logit_rows_from >= 0) final_rows(logit_rows_from, n - logit_rows_from);
   if (dspark) dspark_feed_rings(*this, st, p);  // DSpark rings of the pass's positions
+  if (graph) graph->end();
+  if (logit_rows_from >= 0)  // into the caller's (pageable) vector, after the graph
+    gpu::check_cuda(cudaMemcpyAsync(logits_host, sc.logits, static_cast<size_t>((n - logit_rows_from) * V) * 4,
+                                    cudaMemcpyDeviceToHost, stream),
+                    "logits download");
   gpu::check_cuda(cudaStreamSynchronize(stream), "forward");
 
   // ---- carried host state: Engram history ----

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda_model/cuda_graph.h"
+#include "cuda_model/cuda_pinned.h"
 #include "cuda_model/cuda_state_memory.h"
 #include "dsv41/engram/row_store.h"
 #include "dsv41/dist/collective.h"
@@ -121,6 +123,17 @@ struct CudaSeqState final : SeqState {
   DsparkSeqState dspark;
 };
 
+// ActQuant8 codes of `rows` input rows of width k, already in the scratch (written by a norm or
+// SwiGLU kernel that quantises its own output, or by Impl::quantize): the caller hands it to every
+// FP8/FP4 linear that reads those rows, so the input is quantised once. Empty (codes null): each
+// such linear quantises its float input itself. EXL3 and dense linears always read the floats.
+struct QuantizedInput {
+  const uint8_t* codes = nullptr;  // [rows][k] e4m3 bytes
+  const float* scales = nullptr;   // [rows][k/32] power-of-two scales
+  int64_t rows = 0, k = 0;
+  bool empty() const { return codes == nullptr; }
+};
+
 // The scratch arena: one allocation carved into the forward's buffers for `m` tokens per pass.
 struct Scratch {
   DeviceBuffer arena;
@@ -130,6 +143,10 @@ struct Scratch {
   uint16_t *kv_bf16 = nullptr, *staged = nullptr;
   uint8_t* codes = nullptr;
   float* act_scales = nullptr;
+  // Codes of the normed rows in x (attention and MoE inputs) and of the normed q latent in qr
+  // (QuantizedInput), apart from `codes` so that they outlive the linears quantising elsewhere.
+  uint8_t *x_codes = nullptr, *qr_codes = nullptr;
+  float *x_scales = nullptr, *qr_scales = nullptr;
   float *c_a = nullptr, *c_g = nullptr, *c_latent = nullptr, *c_work = nullptr;
   float *qi = nullptr, *iw = nullptr, *scores = nullptr;
   int32_t *topk = nullptr, *list = nullptr;
@@ -211,9 +228,16 @@ struct Impl {
   std::vector<std::array<int32_t, 4>> exl3_shapes;  // (k, n, bits, codebook) already sized
   Scratch sc;
   cudaStream_t stream = nullptr;
-  std::vector<uint8_t> engram_host;  // staging of raw Engram rows for one pass
-  std::vector<float> scores_host;    // index scores of one pass [n][T]
-  std::vector<int32_t> topk_host;    // selections of one pass [n][k]
+  // Pinned host staging: raw Engram rows of every Engram layer for one pass ([layer][n·cols] rows,
+  // uploaded before the pass's first kernel into sc.engram_raw), index scores [n][T], selections [n][k].
+  PinnedArray<uint8_t> engram_host;
+  PinnedArray<float> scores_host;
+  PinnedArray<int32_t> topk_host;
+  // Decode steps in CUDA graphs (cuda_graph.h): graphs is null under tensor parallelism; graphs_on
+  // from CudaModelOptions::cuda_graphs and DSV41_NO_GRAPHS (CudaModel::set_cuda_graphs).
+  std::unique_ptr<StepGraphs> graphs;
+  bool graphs_on = false;
+  cudaEvent_t engram_uploaded = nullptr;  // the last Engram staging upload (engram_stage)
   std::shared_ptr<DsparkModel> dspark;  // null: no DSpark stages loaded (cuda_dspark.cpp)
   int64_t dspark_stages = 0;            // DSpark rings per sequence state
   StagedUploader* staging = nullptr;    // set while load() runs: weight uploads go through it
@@ -267,21 +291,35 @@ struct Impl {
   void check_tokens(const CudaSeqState& st, const int32_t* tokens, int64_t n) const;
   void run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int64_t logit_rows_from,
                 float* logits_host, BlockDump* dump);
-  // The block around its attention (`attend`: attention of this pass's rows, sc.x -> sc.y).
-  void block_forward(const GpuBlock& b, const Pass& p, const std::function<void()>& attend);
-  void attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p);
+  // The block around its attention (`attend`: attention of this pass's rows, sc.x -> sc.y, given the
+  // codes of the normed rows sc.x).
+  void block_forward(const GpuBlock& b, const Pass& p, const std::function<void(const QuantizedInput&)>& attend);
+  void attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p, const QuantizedInput& xq = {});
   // RoPE of the layer's frequencies over n rows of `vecs` vectors; the rows' positions as in `at`
   // (at.positions, or at.pos0 + r·at.pos_step).
   void rope_rows(const GpuBlock& b, const ops::gpu::RopeArgs& at, float* v, int64_t n, int64_t vecs,
                  int64_t vec_stride, int64_t row_stride, bool inverse);
-  // The attention's projections of n normed rows sc.x: q = wq_b(q_norm(wq_a x)) with RoPE into
-  // sc.q, and the window KV row QDQ8(RoPE(kv_norm(wkv x))) into sc.kv.
-  void project_q_kv(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at);
+  // The attention's projections of n normed rows sc.x (xq: their codes, or empty): q =
+  // wq_b(q_norm(wq_a x)) with RoPE into sc.q, and the window KV row QDQ8(RoPE(kv_norm(wkv x))) into
+  // sc.kv. Returns the codes of the normed q latent sc.qr (the indexer's wq_b reads it too).
+  QuantizedInput project_q_kv(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at,
+                              const QuantizedInput& xq = {});
   ops::gpu::CompressorWeights compressor_weights(const GpuBlock& b) const;  // the layer's compressor
   // hist(t, out): row t's n-gram window of compressed ids, out[0] its own token, out[k] k back (-1: none).
   EngramPass engram_prepare(int64_t n, const std::function<void(int64_t, int64_t*)>& hist);
   void engram_push_history(CudaSeqState& st, const int32_t* tokens, int64_t n) const;
   void embed_rows(const int32_t* tokens, int64_t n);  // sc.h streams, sc.pre one-hot
+  void upload_embed_inputs(const int32_t* tokens, int64_t n);  // the uploads of embed_rows
+  void embed_kernel(int64_t n);                                // the rest of embed_rows
+  // Stages every Engram layer's table rows of a pass of n rows (host copy, one upload into
+  // sc.engram_raw) before its first kernel, so no Engram layer waits on the host mid-pass.
+  void engram_stage(const EngramPass& e, int64_t n);
+  const uint8_t* engram_layer_rows(int64_t engram_index, int64_t n) const;  // its rows in sc.engram_raw
+  // The graphs for a decode step (null: run it eagerly), and the host points inside a step: the
+  // stream is synchronised (ending and launching the open segment first), then resumed.
+  StepGraphs* decode_graphs() const;
+  void host_point_sync(const char* what);
+  void host_point_resume();
   void final_rows(int64_t row0, int64_t rows);         // final collapse, norm and head -> sc.logits
   // ---- batched decode (src/cuda_model/cuda_decode_batch.cpp) ----
   // Rows per batched decode pass: the arena's; EXL3 linears pick their kernel path by row count
@@ -293,16 +331,26 @@ struct Impl {
   void forward_items(std::span<ForwardItem> items);
   void forward_decode_batch(std::span<ForwardItem* const> items);  // one-token decode steps, distinct states
   void run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std::vector<float>* const> logits);
-  void attention_batch(const GpuBlock& b, DecodeBatch& db);
+  void attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedInput& xq = {});
   // exact: keep the per-pair kernels whatever the pass size (decode steps, so that a sequence's
   // tokens do not depend on how many others share its batch).
-  void moe(const GpuBlock& b, int64_t n, bool exact = false);
+  // xq: the codes of the normed rows sc.x (empty: quantised here).
+  void moe(const GpuBlock& b, int64_t n, bool exact = false, const QuantizedInput& xq = {});
   void attn_output(const GpuBlock& b, int64_t n);  // sc.o -> sc.y (grouped wo_a, wo_b)
   void head_logits(const float* x, int64_t rows, float* y);  // fp32 logits of normed rows
-  void engram(const GpuBlock& b, const engram::EngramFetch& fetch, const std::vector<int64_t>& ids, int64_t n);
-  // y[m][y_stride] = lin(x[m][x_stride]) (bf16-rounded when `round`).
+  void engram(const GpuBlock& b, const uint8_t* raw_rows, int64_t n);  // raw_rows: engram_layer_rows
+  // y[m][y_stride] = lin(x[m][x_stride]) (bf16-rounded when `round`). An FP8/FP4 linear reads the
+  // codes xq of x when given (rows >= m, k = l.in), else quantises x into sc.codes first.
   void linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
-              bool round);
+              bool round, const QuantizedInput& xq = {});
+  static bool takes_codes(const GpuLinear& l) {
+    return l.kind == GpuLinear::Kind::Fp8 || l.kind == GpuLinear::Kind::Fp4;
+  }
+  // ActQuant8 of m rows x[m][x_stride] of width k into codes/scales (one launch).
+  QuantizedInput quantize(const float* x, int64_t x_stride, int64_t m, int64_t k, uint8_t* codes, float* scales);
+  // RMSNorm `a`; with want_codes (and a.d % 32 == 0) the same kernel writes the codes of its output
+  // rows into codes/scales and they are returned, else the result is empty.
+  QuantizedInput rms_norm_rows(ops::gpu::RmsNormArgs a, bool want_codes, uint8_t* codes, float* scales);
 };
 
 }  // namespace dsv41::model::cuda

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "dsv41/common/error.h"
@@ -61,6 +62,8 @@ DeviceBuffer upload_vector(StagedUploader* staging, const std::vector<T>& v) {
 }  // namespace
 
 Impl::~Impl() {
+  graphs.reset();  // executables and any open capture go before their stream
+  if (engram_uploaded) cudaEventDestroy(engram_uploaded);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -442,15 +445,24 @@ void Impl::load(const std::string& dir) {
   alloc_exl3_workspaces();
   if (tp)  // the banks' local expert ids of one pass (cuda_tp.cpp)
     tp_ids = DeviceBuffer(static_cast<size_t>(sc.m * std::max(c.num_experts_per_tok, c.dspark_topk())) * 4);
+  if (!tp) {  // decode steps in CUDA graphs (tensor parallelism keeps its collectives eager)
+    graphs = std::make_unique<StepGraphs>(stream);
+    const auto env_is = [](const char* name, const char* value) {
+      const char* v = std::getenv(name);
+      return v && std::string(v) == value;
+    };
+    graphs_on = (opts.cuda_graphs || env_is("DSV41_CUDA_GRAPHS", "1")) && !env_is("DSV41_NO_GRAPHS", "1");
+  }
   // Weight uploads ran on the legacy stream, which the model's non-blocking stream does not wait for.
   ops::gpu::check_cuda(cudaDeviceSynchronize(), "weight upload");
   const CudaMemoryBreakdown mem = memory_breakdown();
   const auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
   spdlog::info("cuda model: {} layers on device {}; memory: weights {:.1f} MiB (fp8 {:.1f}, fp4 {:.1f}, exl3 {:.1f}, "
-               "dense {:.1f}), state {:.2f} MiB per sequence of {} tokens, scratch {:.1f} MiB ({} tokens per pass)",
+               "dense {:.1f}), state {:.2f} MiB per sequence of {} tokens, scratch {:.1f} MiB ({} tokens per pass; "
+               "Engram row staging {:.2f} MiB of it), pinned host {:.1f} MiB; decode CUDA graphs {}",
                blocks.size(), opts.device, mib(mem.weights), mib(mem.weights_fp8), mib(mem.weights_fp4),
                mib(mem.weights_exl3), mib(mem.weights_dense), mib(mem.state_per_sequence), max_context,
-               mib(mem.scratch), sc.m);
+               mib(mem.scratch), sc.m, mib(mem.engram_staging), mib(mem.pinned_host), graphs_on ? "on" : "off");
 }
 
 void Impl::count_weight_bytes(const GpuLinear& l) {
@@ -469,6 +481,8 @@ CudaMemoryBreakdown Impl::memory_breakdown() const {
   m.weights_fp4 = weight_bytes_fp4;
   m.weights_exl3 = weight_bytes_exl3;
   m.weights_dense = weight_bytes - weight_bytes_fp8 - weight_bytes_fp4 - weight_bytes_exl3;
+  m.engram_staging = static_cast<int64_t>(cfg.engram_layer_ids.size()) * sc.m * cfg.n_engram_columns() * engram_row_bytes;
+  m.pinned_host = static_cast<int64_t>(engram_host.bytes() + scores_host.bytes() + topk_host.bytes());
   return m;
 }
 
@@ -489,7 +503,8 @@ void Impl::alloc_scratch() {
   const int64_t taps_in = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * dim;  // DSpark main_proj
   const int64_t max_in = std::max({dim, qlr, GR, inter, edim, H * hd, hd, taps_in});
   const int64_t code_bytes = std::max(m * max_in, m * K * inter);
-  const int64_t engram_raw = c.engram_layer_ids.empty() ? 0 : m * cols * engram_row_bytes;
+  // Raw Engram rows of every Engram layer for one pass, staged before the pass (Impl::engram_stage).
+  const int64_t engram_raw = static_cast<int64_t>(c.engram_layer_ids.size()) * m * cols * engram_row_bytes;
 
   struct Piece {
     void** dst;
@@ -516,6 +531,10 @@ void Impl::alloc_scratch() {
       {reinterpret_cast<void**>(&s.staged), (win - 1 + m) * hd * 2},
       {reinterpret_cast<void**>(&s.codes), code_bytes},
       {reinterpret_cast<void**>(&s.act_scales), (code_bytes / 32 + 1) * f},
+      {reinterpret_cast<void**>(&s.x_codes), m * dim},
+      {reinterpret_cast<void**>(&s.x_scales), (m * dim / 32 + 1) * f},
+      {reinterpret_cast<void**>(&s.qr_codes), m * qlr},
+      {reinterpret_cast<void**>(&s.qr_scales), (m * qlr / 32 + 1) * f},
       {reinterpret_cast<void**>(&s.c_a), m * hd * f},
       {reinterpret_cast<void**>(&s.c_g), m * hd * f},
       {reinterpret_cast<void**>(&s.c_latent), m * hd * f},

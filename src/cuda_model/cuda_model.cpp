@@ -58,6 +58,14 @@ int64_t CudaModel::max_context() const { return impl_->max_context; }
 
 CudaMemoryBreakdown CudaModel::memory() const { return impl_->memory_breakdown(); }
 
+void CudaModel::set_cuda_graphs(bool on) {
+  DSV_CHECK(!on || impl_->graphs, "CUDA graphs: not available under tensor parallelism");
+  impl_->graphs_on = on;
+}
+bool CudaModel::cuda_graphs() const { return impl_->graphs_on; }
+bool CudaModel::cuda_graphs_available() const { return impl_->graphs != nullptr; }
+CudaGraphStats CudaModel::graph_stats() const { return impl_->graphs ? impl_->graphs->stats() : CudaGraphStats{}; }
+
 void CudaModel::forward_sequence(SeqState& state, std::span<const int32_t> tokens, bool all_logits,
                                  std::vector<float>* logits, BlockDump* dump) {
   impl_->forward(impl_->state_of(state), tokens.data(), static_cast<int64_t>(tokens.size()), all_logits, logits, dump);
@@ -94,6 +102,10 @@ int64_t CudaModel::state_bytes(int64_t) const { fail("CUDA model: built without 
 std::pmr::memory_resource& CudaModel::state_memory() const { fail("CUDA model: built without CUDA"); }
 int64_t CudaModel::max_context() const { return 0; }
 CudaMemoryBreakdown CudaModel::memory() const { return {}; }
+void CudaModel::set_cuda_graphs(bool) { fail("CUDA model: built without CUDA"); }
+bool CudaModel::cuda_graphs() const { return false; }
+bool CudaModel::cuda_graphs_available() const { return false; }
+CudaGraphStats CudaModel::graph_stats() const { return {}; }
 void CudaModel::forward_sequence(SeqState&, std::span<const int32_t>, bool, std::vector<float>*, BlockDump*) {
   fail("CUDA model: built without CUDA");
 }

@@ -3,13 +3,17 @@
 #include "cuda_model/cuda_impl.h"
 
 #if DSV41_HAS_CUDA
+#include "dsv41/common/error.h"
+
 namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
 
 // MoE (block.cpp moe/run_expert): router, routed experts as FP4 bank GEMMs over the (token, slot)
 // pairs (per pair, or grouped by expert on the tensor cores for large passes), clamped SwiGLU
-// scaled by the routing weight, shared expert, combine in expert order.
-void Impl::moe(const GpuBlock& b, int64_t n, bool exact) {
+// scaled by the routing weight, shared expert, combine in expert order. The token codes (xq, or
+// quantised here once) feed the routed gate/up banks and the shared expert's w1/w3; each SwiGLU
+// writes the codes of its output for the down projection.
+void Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& xq) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, K = b.top_k, inter = c.moe_intermediate_size, pairs = n * K;
   gpu::RouterArgs r;
@@ -36,13 +40,15 @@ void Impl::moe(const GpuBlock& b, int64_t n, bool exact) {
   // Tensor parallelism: this rank's bank holds experts [expert_begin, ..); other ranks' pairs get
   // id -1 (zero rows) and the routed rows are all-reduced (cuda_tp.cpp).
   const int32_t* bank_ids = b.split ? tp_local_expert_ids(b, pairs) : sc.ids;
-  gpu::ActQuantArgs q{sc.x, n, dim, dim, sc.codes, sc.act_scales};
-  gpu::act_quant8(q, stream);
-  auto bank = [&](const GpuExpertBank& w, int64_t div, float* y, int64_t out) {
+  // sc.codes is the SwiGLU outputs' (the grouped path writes its activation codes there too): the
+  // token codes live in sc.x_codes until the shared expert has read them.
+  const QuantizedInput x_in = xq.empty() ? quantize(sc.x, dim, n, dim, sc.x_codes, sc.x_scales) : xq;
+  DSV_ASSERT(x_in.k == dim && x_in.rows >= n, "moe: token codes of {} rows of {}", x_in.rows, x_in.k);
+  auto bank = [&](const GpuExpertBank& w, const QuantizedInput& in, int64_t div, float* y, int64_t out) {
     gpu::Lin4Args a;
     a.w = {w.packed.as<uint8_t>(), w.scales.as<uint8_t>(), w.in, w.out, w.n};
-    a.x_codes = sc.codes;
-    a.x_scales = sc.act_scales;
+    a.x_codes = in.codes;
+    a.x_scales = in.scales;
     a.rows = pairs;
     a.expert_ids = bank_ids;
     a.x_row_div = div;
@@ -65,28 +71,26 @@ void Impl::moe(const GpuBlock& b, int64_t n, bool exact) {
     g.w1 = weight(b.w1);
     g.w3 = weight(b.w3);
     g.w2 = weight(b.w2);
-    g.x_codes = sc.codes;
-    g.x_scales = sc.act_scales;
+    g.x_codes = x_in.codes;
+    g.x_scales = x_in.scales;
     g.n = n;
     g.top_k = K;
     g.expert_ids = bank_ids;
     g.route_w = sc.route_w;
     g.swiglu_limit = limit;
     g.act = sc.eg;
-    g.act_codes = sc.codes;  // written after the gate/up GEMM has read the token codes
+    g.act_codes = sc.codes;
     g.act_scales = sc.act_scales;
     g.sort = sc.moe_sort;
     g.sort_ints = sc.moe_sort_ints;
     g.y = sc.routed;
     gpu::moe_grouped(g, stream);
   } else {
-    bank(b.w1, K, sc.eg, inter);
-    bank(b.w3, K, sc.eu, inter);
-    gpu::SwigluArgs s{sc.eg, sc.eu, pairs, inter, sc.route_w, limit, sc.eg};
+    bank(b.w1, x_in, K, sc.eg, inter);
+    bank(b.w3, x_in, K, sc.eu, inter);
+    gpu::SwigluArgs s{sc.eg, sc.eu, pairs, inter, sc.route_w, limit, sc.eg, sc.codes, sc.act_scales};
     gpu::swiglu(s, stream);
-    gpu::ActQuantArgs q2{sc.eg, pairs, inter, inter, sc.codes, sc.act_scales};
-    gpu::act_quant8(q2, stream);
-    bank(b.w2, 1, sc.routed, dim);
+    bank(b.w2, {sc.codes, sc.act_scales, pairs, inter}, 1, sc.routed, dim);
   }
   if (b.split) tp_sum(sc.routed, pairs * dim);
 
@@ -95,16 +99,23 @@ void Impl::moe(const GpuBlock& b, int64_t n, bool exact) {
     tp_zero(sc.sg, n * inter);
     tp_zero(sc.su, n * inter);
   }
-  linear(b.sh_w1, sc.x, dim, n, sc.sg + b.sh_inter_begin, inter, true);
-  linear(b.sh_w3, sc.x, dim, n, sc.su + b.sh_inter_begin, inter, true);
+  linear(b.sh_w1, sc.x, dim, n, sc.sg + b.sh_inter_begin, inter, true, x_in);
+  linear(b.sh_w3, sc.x, dim, n, sc.su + b.sh_inter_begin, inter, true, x_in);
   if (b.split) {
     tp_sum(sc.sg, n * inter);
     tp_sum(sc.su, n * inter);
   }
+  // The shared SwiGLU's codes go to sc.codes: the routed down projection has read them by now.
   gpu::SwigluArgs ss{sc.sg, sc.su, n, inter, nullptr, limit, sc.sg};
+  QuantizedInput sg_in;
+  if (takes_codes(b.sh_w2) && inter % 32 == 0) {
+    ss.codes = sc.codes;
+    ss.scales = sc.act_scales;
+    sg_in = {sc.codes, sc.act_scales, n, inter};
+  }
   gpu::swiglu(ss, stream);
   if (b.split) tp_zero(sc.shared, n * dim);
-  linear(b.sh_w2, sc.sg, inter, n, sc.shared + b.sh_dim_begin, dim, true);
+  linear(b.sh_w2, sc.sg, inter, n, sc.shared + b.sh_dim_begin, dim, true, sg_in);
   if (b.split) tp_sum(sc.shared, n * dim);
   gpu::MoeCombineArgs mc{sc.routed, sc.ids, n, K, dim, sc.shared, sc.y};
   gpu::moe_combine(mc, stream);

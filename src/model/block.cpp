@@ -30,19 +30,7 @@ void run_expert(const Expert& e, const float* x, int64_t n, const float* wt, dou
   std::vector<float> g(static_cast<size_t>(n * inter)), u(static_cast<size_t>(n * inter));
   linear_bf16(*e.w1, x, n, g.data());
   linear_bf16(*e.w3, x, n, u.data());
-  const float lim = static_cast<float>(limit);
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t i = 0; i < inter; ++i) {
-      float gv = g[t * inter + i], uv = u[t * inter + i];
-      if (lim > 0) {
-        uv = std::clamp(uv, -lim, lim);
-        gv = std::min(gv, lim);
-      }
-      float act = gv / (1.0f + std::exp(-gv)) * uv;
-      if (wt) act = wt[t] * act;
-      g[t * inter + i] = bf16_round(act);
-    }
-  }
+  swiglu_rows(g.data(), u.data(), wt, n, inter, limit, g.data());
   linear_bf16(*e.w2, g.data(), n, y);
 }
 

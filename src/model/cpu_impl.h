@@ -205,6 +205,11 @@ void run_expert(const Expert& e, const float* x, int64_t n, const float* wt, dou
 // ---- small shared helpers (src/model/ops/basic.cpp) ----
 // RMSNorm over d values: bf16( w · (x · rsqrt(mean(x²) + eps)) ).
 void rms_norm(const float* x, const float* w, int64_t d, double eps, float* out);
+// The experts' clamped SwiGLU over rows x inter values: u clamped to ±limit and g capped at limit
+// (limit > 0), silu(g)·u, times the row's routing weight when `row_weight` is given, bf16-rounded.
+// `out` may alias g.
+void swiglu_rows(const float* g, const float* u, const float* row_weight, int64_t rows, int64_t inter, double limit,
+                 float* out);
 // Widens a BF16/F32 tensor to fp32 after checking its shape.
 std::vector<float> load_f32(const Checkpoint& ck, const std::string& name, std::vector<int64_t> shape);
 // Row `r` of a 2-D BF16/F32 tensor widened to fp32.

@@ -23,6 +23,8 @@ void rms_norm(const RmsNormArgs& a, cudaStream_t s) {
   DSV_CHECK(a.rows == 0 || (a.x && a.w && a.out), "rms_norm: x, w and out must be device pointers");
   DSV_CHECK(a.x_stride >= a.d && a.out_stride >= a.d, "rms_norm: strides {} / {} below d={}", a.x_stride,
             a.out_stride, a.d);
+  DSV_CHECK(!a.codes == !a.scales, "rms_norm: codes and scales go together");
+  DSV_CHECK(!a.codes || a.d % 32 == 0, "rms_norm: quantised output needs d={} to be a multiple of 32", a.d);
   launched(raw::rms_norm(a, s), "rms_norm launch");
 }
 
@@ -113,6 +115,8 @@ void router(const RouterArgs& a, cudaStream_t s) {
 void swiglu(const SwigluArgs& a, cudaStream_t s) {
   DSV_CHECK(a.rows >= 0 && a.inter > 0, "swiglu: rows={} inter={}", a.rows, a.inter);
   DSV_CHECK(a.rows == 0 || (a.g && a.u && a.out), "swiglu: g, u and out must be device pointers");
+  DSV_CHECK(!a.codes == !a.scales, "swiglu: codes and scales go together");
+  DSV_CHECK(!a.codes || a.inter % 32 == 0, "swiglu: quantised output needs inter={} to be a multiple of 32", a.inter);
   launched(raw::swiglu(a, s), "swiglu launch");
 }
 

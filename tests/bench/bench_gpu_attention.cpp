@@ -2,7 +2,8 @@
 // with sink (window + index_topk rows of head_dim bf16 values per query, all heads) and the indexer
 // scores (index_n_heads x index_head_dim queries against every visible index key), each timed as
 // the kernel the engine used before this change and as the one it uses now, at m = 1, 2, 4 queries
-// (decode, one sequence each) and at the prefill pass size 256. Inputs rotate through enough
+// (decode, one sequence each) and at prefill pass sizes 64 and 256 (sparse attention also as FLOP/s
+// against the fp32 FMA ceiling). Inputs rotate through enough
 // distinct buffers that the 60 MB L2 cannot serve repeated calls. Every case checks its output: the
 // new kernel against the previous one bit for bit, and once (m = 1) against the CPU reference.
 //
@@ -17,6 +18,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness.h"
@@ -31,6 +33,7 @@ using dsv41::test::DeviceBuffer;
 namespace gpu = dsv41::ops::gpu;
 
 constexpr double kCopyCeiling = 4.3e12;  // H200 device copy, bytes/s
+constexpr double kFp32Ceiling = 67e12;  // H200 fp32 FMA peak, FLOP/s (132 SMs x 128 lanes x 2 x 1.98 GHz)
 constexpr size_t kRotateBytes = size_t{160} << 20;
 
 void ck(cudaError_t e, const char* what) {
@@ -160,8 +163,15 @@ void bench_sparse_attn(const ModelConfig& c, int64_t m) {
     check(cmp.mismatched_nonfinite == 0 && cmp.nmse <= test::kNmseBf16, "sparse_attn " + shape + " vs CPU reference");
   }
   const double bytes = static_cast<double>(inst_bytes) + 2.0 * m * H * d * 4 + m * L * 4;
-  report("sparse_attn", shape, "before", time_calls(old_call, instances), bytes);
-  report("sparse_attn", shape, "after", time_calls(new_call, instances), bytes);
+  const double us_old = time_calls(old_call, instances), us_new = time_calls(new_call, instances);
+  report("sparse_attn", shape, "before", us_old, bytes);
+  report("sparse_attn", shape, "after", us_new, bytes);
+  // Arithmetic: per query, list entries x heads x d x 2 (score fma) + the same again (PV), as FLOP;
+  // the exact fp32 chains rule out tensor cores, so the fp32 FMA peak is the ceiling.
+  const double flop = static_cast<double>(m) * L * H * d * 2.0 * 2.0;
+  for (const auto& [kernel, us] : {std::pair<const char*, double>{"before", us_old}, {"after", us_new}})
+    std::printf("%-12s %-34s %-7s %9.1f us/call %8.2f TFLOP/s %6.2f %% of %.0f TFLOP/s fp32\n", "sparse_attn", shape.c_str(),
+                kernel, us, flop / (us * 1e-6) / 1e12, 100.0 * flop / (us * 1e-6) / kFp32Ceiling, kFp32Ceiling / 1e12);
 }
 
 // ---- indexer scores ----------------------------------------------------------------------------
@@ -238,7 +248,7 @@ int main() {
     cudaDeviceProp prop{};
     ck(cudaGetDeviceProperties(&prop, 0), "device properties");
     std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    for (int64_t m : {1, 2, 4, 256}) bench_sparse_attn(c, m);
+    for (int64_t m : {1, 2, 4, 64, 256}) bench_sparse_attn(c, m);
     bench_indexer(c, 1, 2048);
     bench_indexer(c, 1, 65536);
     bench_indexer(c, 2, 65536);

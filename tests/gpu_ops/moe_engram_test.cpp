@@ -9,6 +9,7 @@
 
 #include "dsv41/engram/row_source.h"
 #include "harness.h"
+#include "model/cpu_impl.h"
 #include "model/ops/dot.h"
 #include "model/ops/topk.h"
 #include "model/ops/torch_sum.h"
@@ -102,19 +103,8 @@ TEST(GpuOps, SwigluAndCombine) {
     std::vector<float> wts = rng.f32_vec(static_cast<size_t>(rows), 0.5f);
     const float lim = static_cast<float>(c.swiglu_limit);
     std::vector<float> want(g.size()), want_shared(g.size());
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < inter; ++i) {
-        for (int routed = 0; routed < 2; ++routed) {
-          float gv = g[r * inter + i], uv = u[r * inter + i];
-          if (lim > 0) {
-            uv = std::clamp(uv, -lim, lim);
-            gv = std::min(gv, lim);
-          }
-          float act = gv / (1.0f + std::exp(-gv)) * uv;
-          if (routed) act = wts[r] * act;
-          (routed ? want : want_shared)[r * inter + i] = bf16_round(act);
-        }
-      }
+    model::swiglu_rows(g.data(), u.data(), wts.data(), rows, inter, lim, want.data());
+    model::swiglu_rows(g.data(), u.data(), nullptr, rows, inter, lim, want_shared.data());
     DeviceBuffer dg = DeviceBuffer::from(g), du = DeviceBuffer::from(u), dwts = DeviceBuffer::from(wts);
     Guarded dout(g.size() * 4), dsh(g.size() * 4);
     gpu::SwigluArgs a;

@@ -65,6 +65,14 @@ struct CudaModelOptions {
   // Load the mtp.* DSpark stages when the config has them (drafting, and the DSpark rings every
   // forward feeds); as CpuModelOptions::dspark.
   bool dspark = true;
+  // Decode steps (solo and batched) run as CUDA graphs captured per batch size and segment between
+  // host points (src/cuda_model/cuda_graph.h). Off by default: each step is captured again and the
+  // executable updated, which costs more host time (~0.9 ms per step) than the graph launch saves
+  // over eager PDL launches (bench/RESULTS.md); replaying a graph unchanged needs the kernels to
+  // read the per-step values (positions, list lengths, ring slots) from device memory. The
+  // environment's DSV41_CUDA_GRAPHS=1 turns it on, DSV41_NO_GRAPHS=1 off, whatever this says.
+  // Never under tensor parallelism (its collectives run eagerly).
+  bool cuda_graphs = false;
   // Tensor parallelism: this rank's collective over device memory (the NCCL backend); null = TP 1.
   // Every rank loads its share and all ranks must run the same forwards in the same order.
   std::shared_ptr<dist::Collective> tp;
@@ -78,6 +86,20 @@ struct CudaMemoryBreakdown {
   // `weights` by storage format: FP8 block-scaled linears, FP4 experts, EXL3 linears, and the rest
   // (BF16/F16/F32 matrices, embeddings, norms, mHC and router parameters).
   int64_t weights_fp8 = 0, weights_fp4 = 0, weights_exl3 = 0, weights_dense = 0;
+  // Part of `scratch`: the raw Engram rows of every Engram layer for one pass, staged before it.
+  int64_t engram_staging = 0;
+  // Page-locked host memory (not device memory): Engram row staging, index scores, top-k selections.
+  int64_t pinned_host = 0;
+};
+
+// Decode steps in CUDA graphs (CudaModel::graph_stats): counters and host time since load.
+struct CudaGraphStats {
+  int64_t steps = 0;           // decode steps that ran in graphs
+  int64_t graph_launches = 0;  // segment graphs launched
+  int64_t updates = 0;         // executables refreshed in place (cudaGraphExecUpdate)
+  int64_t instantiations = 0;  // executables built (a new bucket, segment or topology)
+  double capture_ms = 0;       // host time inside captures (issuing the captured work)
+  double update_ms = 0, instantiate_ms = 0, launch_ms = 0;  // host time of those calls
 };
 
 // One saved step of a sequence state (CudaModel::save_step / undo_step); move-only, reusable.
@@ -133,6 +155,13 @@ class CudaModel final : public Model {
   void save_step(const SeqState& state, CudaStepUndo& into);
   void undo_step(SeqState& state, const CudaStepUndo& saved);
   CudaMemoryBreakdown memory() const;
+  // Decode steps in CUDA graphs (on when loaded with CudaModelOptions::cuda_graphs, no
+  // DSV41_NO_GRAPHS=1 and no tensor parallelism; turning it on otherwise is refused).
+  void set_cuda_graphs(bool on);
+  bool cuda_graphs() const;
+  bool cuda_graphs_available() const;  // false under tensor parallelism
+  // What the decode graphs did so far (all zero when they never ran).
+  CudaGraphStats graph_stats() const;
   int64_t max_context() const;
   // Benchmark only (`dsv41-serve bench`, src/cuda_model/cuda_bench_fill.cpp): makes `state` (from
   // new_sequence()) look as if it had processed n_past tokens, with random values of the stored

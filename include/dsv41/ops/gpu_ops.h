@@ -37,8 +37,10 @@ void indexer_scores(const IndexerArgs& a, cudaStream_t s);
 void topk_sorted(const TopkArgs& a, cudaStream_t s);
 void candidate_blocks(const CandidateArgs& a, cudaStream_t s);
 void candidate_mask(const CandidateMaskArgs& a, cudaStream_t s);
-// Decode: one query per sequence, one head per block. Prefill: many queries, kPrefillHeads heads
-// per block share each staged chunk of rows. Same arithmetic, identical results.
+// Sparse attention, one arithmetic, identical results: up to 32 queries take the split kernel (a
+// cluster of blocks per query), more the tiled kernel (32 heads of a query per block); shapes
+// neither takes fall back to the rows kernel with kPrefillHeads heads per block (prefill) or one
+// (decode).
 inline constexpr int kPrefillHeads = 4;
 void sparse_attention_decode(const SparseAttnArgs& a, cudaStream_t s);
 void sparse_attention_prefill(const SparseAttnArgs& a, cudaStream_t s);

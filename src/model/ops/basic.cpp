@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -12,6 +13,22 @@ void rms_norm(const float* x, const float* w, int64_t d, double eps, float* out)
   const float var = torch_mean_sq_f32(x, d);
   const float r = 1.0f / std::sqrt(var + static_cast<float>(eps));
   for (int64_t i = 0; i < d; ++i) out[i] = bf16_round(w[i] * (x[i] * r));
+}
+
+void swiglu_rows(const float* g, const float* u, const float* row_weight, int64_t rows, int64_t inter, double limit,
+                 float* out) {
+  const float lim = static_cast<float>(limit);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < inter; ++i) {
+      float gv = g[t * inter + i], uv = u[t * inter + i];
+      if (lim > 0) {
+        uv = std::clamp(uv, -lim, lim);
+        gv = std::min(gv, lim);
+      }
+      float act = gv / (1.0f + std::exp(-gv)) * uv;
+      if (row_weight) act = row_weight[t] * act;
+      out[t * inter + i] = bf16_round(act);
+    }
 }
 
 std::vector<float> load_f32(const Checkpoint& ck, const std::string& name, std::vector<int64_t> shape) {

@@ -55,22 +55,30 @@ constexpr int kThreads = kWarps * 32;
 
 enum class Fmt : int { Fp8 = 0, Fp4 = 1 };
 
-// The kernel's view of a Lin8 or a Lin4 call.
+// The kernel's view of a Lin8 or a Lin4 call, or of up to kMaxParts of them that read the same
+// input codes (a group): part p has its own weights, output count and output. The warp tiles of the
+// parts are numbered as if their outputs were concatenated (part p's tiles start at tile0[p]), and
+// each tile computes exactly what the part's own launch would, so a group's results equal separate
+// calls bit for bit.
+constexpr int kMaxParts = 3;
 struct BlockScaledArgs {
-  const uint8_t* w = nullptr;   // Fp8: codes [out][in]; Fp4: packed [E][out][in/2]
-  const uint8_t* ws = nullptr;  // Fp8: [ceil(out/32)][ceil(in/32)]; Fp4: [E][out][in/32]
-  int64_t in = 0, out = 0, n_experts = 1;
+  int n_parts = 1;
+  const uint8_t* w[kMaxParts] = {};   // Fp8: codes [out][in]; Fp4: packed [E][out][in/2]
+  const uint8_t* ws[kMaxParts] = {};  // Fp8: [ceil(out/32)][ceil(in/32)]; Fp4: [E][out][in/32]
+  int64_t out[kMaxParts] = {};
+  float* y[kMaxParts] = {};
+  int64_t y_stride[kMaxParts] = {};
+  int64_t tile0[kMaxParts] = {};  // first warp tile of each part
+  int64_t in = 0, n_experts = 1;
   const uint8_t* x_codes = nullptr;
   const float* x_scales = nullptr;
   int64_t rows = 0;                     // Fp8: m; Fp4: pairs
   const int32_t* expert_ids = nullptr;  // Fp4 only
   int64_t x_row_div = 1;                // Fp4 only
-  float* y = nullptr;
-  int64_t y_stride = 0;
   bool round_bf16 = true;
   int kw = 32;              // K blocks per chunk (lanes per output slot)
   int64_t row_base = 0;     // Fp4: first pair row of this launch slice
-  int64_t out_tiles = 0;    // warp tiles of NO * (32/kw) output rows
+  int64_t out_tiles = 0;    // warp tiles of NO * (32/kw) output rows, all parts
   int prefetch_chunks = 0;  // L2 prefetch window beyond the chunks being loaded (0: none)
   bool spread = false;      // warp tiles dealt warp-major over the grid (else CTA-major)
 };
@@ -157,6 +165,24 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[N]) {
   }
 }
 
+// The part that global warp tile `tile` belongs to, and the tile's index within it (static indices:
+// the argument arrays stay in the parameter space).
+struct PartView {
+  const uint8_t* w;
+  const uint8_t* ws;
+  int64_t out;
+  float* y;
+  int64_t y_stride;
+  int64_t tile;
+};
+__device__ __forceinline__ PartView part_of(const BlockScaledArgs& a, int64_t tile) {
+  PartView v{a.w[0], a.ws[0], a.out[0], a.y[0], a.y_stride[0], tile};
+#pragma unroll
+  for (int p = 1; p < kMaxParts; ++p)
+    if (p < a.n_parts && tile >= a.tile0[p]) v = {a.w[p], a.ws[p], a.out[p], a.y[p], a.y_stride[p], tile - a.tile0[p]};
+  return v;
+}
+
 // Per-CTA description of the activation rows it serves: up to R rows that share one weight.
 template <int R>
 struct RowGroup {
@@ -191,9 +217,9 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
   // L2 prefetch of chunks [c_begin, c_end) of the warp's rows in tile `tile`: lane q < NO*ns takes
   // row q (one bulk range per row). wexp: the expert's weight base.
   // pf_row: this lane's weight row in the tile, or null (one lane per row)
-  auto prefetch_row = [&](const uint8_t* wexp, int64_t tile) -> const uint8_t* {
+  auto prefetch_row = [&](const uint8_t* wexp, int64_t out, int64_t tile) -> const uint8_t* {
     const int64_t o = tile * tile_rows + lane;
-    return lane < NO * ns && o < a.out ? wexp + o * (nb * kRowBytesPerBlock) : nullptr;
+    return lane < NO * ns && o < out ? wexp + o * (nb * kRowBytesPerBlock) : nullptr;
   };
   auto prefetch_rows = [&](const uint8_t* pf_row, int c_begin, int c_end) {
     if (c_end > n_chunks) c_end = n_chunks;
@@ -208,7 +234,8 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
   if constexpr (F == Fmt::Fp8) {
     if (a.prefetch_chunks > 0 && first_tile < a.out_tiles) {
       early_pf_end = kCU + a.prefetch_chunks;
-      prefetch_rows(prefetch_row(a.w, first_tile), 0, early_pf_end);
+      const PartView pv = part_of(a, first_tile);
+      prefetch_rows(prefetch_row(pv.w, pv.out, pv.tile), 0, early_pf_end);
     }
   }
   dev::pdl_enter();
@@ -224,9 +251,10 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
     const int64_t row = a.row_base + blockIdx.y;
     const int64_t e = a.expert_ids ? a.expert_ids[row] : 0;
     if (e < 0 || e >= a.n_experts) {  // an empty slot: zeros, spread over the row's CTAs
-      for (int64_t o = static_cast<int64_t>(blockIdx.x) * kThreads + tid; o < a.out;
-           o += static_cast<int64_t>(gridDim.x) * kThreads)
-        a.y[row * a.y_stride + o] = 0.0f;
+      for (int p = 0; p < a.n_parts; ++p)
+        for (int64_t o = static_cast<int64_t>(blockIdx.x) * kThreads + tid; o < a.out[p];
+             o += static_cast<int64_t>(gridDim.x) * kThreads)
+          a.y[p][row * a.y_stride[p] + o] = 0.0f;
       return;
     }
     // The pairs of expert e in row order form groups of R; only a group's first row runs it.
@@ -293,8 +321,6 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
   // registers run short)
 
   const int64_t snb = (in + 31) / 32;
-  const uint8_t* wbase = F == Fmt::Fp8 ? a.w : a.w + grp.expert * a.out * (in / 2);
-  const uint8_t* sbase = F == Fmt::Fp8 ? a.ws : a.ws + grp.expert * a.out * nb;
   const int64_t w_row_bytes = F == Fmt::Fp8 ? in : in / 2;
   const int full_chunks = static_cast<int>(nb / kw);  // chunks in which every lane has its K block
   // K block index of the group's activation rows at this lane's block kbl (codes: 32 bytes and
@@ -303,7 +329,11 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
 #pragma unroll
   for (int r = 0; r < R; ++r) x_blk[r] = grp.x_row[r] * nb + kbl;
 
-  for (int64_t tile = first_tile; tile < a.out_tiles; tile += tile_step) {
+  for (int64_t gtile = first_tile; gtile < a.out_tiles; gtile += tile_step) {
+    const PartView pv = part_of(a, gtile);
+    const int64_t tile = pv.tile, out = pv.out;
+    const uint8_t* wbase = F == Fmt::Fp8 ? pv.w : pv.w + grp.expert * out * (in / 2);
+    const uint8_t* sbase = F == Fmt::Fp8 ? pv.ws : pv.ws + grp.expert * out * nb;
     const int64_t o_warp = tile * tile_rows;
     const int64_t o_lane = o_warp + static_cast<int64_t>(slot) * NO;
     float acc[kFold];
@@ -312,14 +342,14 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
     // chunks below pf_end are requested into L2 already (or are about to be demand-loaded)
     int pf_end = early_pf_end;
     early_pf_end = kCU;
-    const uint8_t* pf_row = F == Fmt::Fp8 && a.prefetch_chunks > 0 ? prefetch_row(wbase, tile) : nullptr;
+    const uint8_t* pf_row = F == Fmt::Fp8 && a.prefetch_chunks > 0 ? prefetch_row(wbase, out, tile) : nullptr;
     // this lane's NO weight rows and their scales at K block kbl. FP8 scales cover 32 x 32 blocks
     // and the lane's NO rows never cross a multiple of 32 (NO divides 32, o_lane is a multiple of
     // NO): one scale per K block serves all of them. (Pointers past the end are never read.)
     const uint8_t* w_lane = wbase + o_lane * w_row_bytes + kbl * kRowBytesPerBlock;
     const uint8_t* s_lane = F == Fmt::Fp8 ? sbase + (o_lane / 32) * snb + kbl : sbase + o_lane * nb + kbl;
-    const bool rows_full = o_warp + tile_rows <= a.out;  // warp-uniform
-    if (o_warp < a.out) {
+    const bool rows_full = o_warp + tile_rows <= out;  // warp-uniform
+    if (o_warp < out) {
       for (int c0 = 0; c0 < n_chunks; c0 += kCU) {
         // weights of kCU chunks x NO rows, issued together (16-byte loads, coalesced over the kw
         // lanes of a slot): ~8 blocks in flight per lane whatever NO is
@@ -342,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
             const bool k_ok = c0 + u < n_chunks && koff + kbl < nb;
 #pragma unroll
             for (int j = 0; j < NO; ++j) {
-              if (k_ok && o_lane + j < a.out) {
+              if (k_ok && o_lane + j < out) {
                 load_words(w_lane + j * w_row_bytes + koff * kRowBytesPerBlock, wq[u][j]);
               } else {
 #pragma unroll
@@ -351,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
             }
 #pragma unroll
             for (int j = 0; j < kNS; ++j)
-              wsv[u][j] = k_ok && o_lane + j < a.out ? e8m0_value_nb(s_lane[j * nb + koff]) : 0.0f;
+              wsv[u][j] = k_ok && o_lane + j < out ? e8m0_value_nb(s_lane[j * nb + koff]) : 0.0f;
           }
         }
         // keep the L2 window prefetch_chunks ahead of the chunks just loaded (warp-uniform)
@@ -485,7 +515,7 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
 #pragma unroll
         for (int rr = 1; rr < R; ++rr)
           if (rr == r) yr = grp.y_row[rr];  // static indices keep the row list in registers
-        if (o < a.out) a.y[yr * a.y_stride + o] = a.round_bf16 ? dev::bf16_round(acc[q]) : acc[q];
+        if (o < out) pv.y[yr * pv.y_stride + o] = a.round_bf16 ? dev::bf16_round(acc[q]) : acc[q];
       }
     }
   }
@@ -558,11 +588,16 @@ cudaError_t launch_one(const BlockScaledArgs& a, int64_t groups, cudaStream_t s)
   const size_t smem = smem_bytes<F, R, NO>();
   const cudaError_t attr = allow_smem(block_scaled_kernel<F, R, NO>, smem, configured<F, R, NO>());
   if (attr != cudaSuccess) return attr;
-  if (a.out <= 0) return cudaSuccess;  // nothing to write
   BlockScaledArgs b = a;
   const int ns = 32 / b.kw;
   const int64_t tile_rows = static_cast<int64_t>(NO) * ns;  // output rows of one warp tile
-  b.out_tiles = (b.out + tile_rows - 1) / tile_rows;
+  // the parts' tiles back to back (each part's last tile may be partial)
+  b.out_tiles = 0;
+  for (int p = 0; p < b.n_parts; ++p) {
+    if (b.out[p] <= 0) return cudaSuccess;  // (the wrappers reject empty outputs)
+    b.tile0[p] = b.out_tiles;
+    b.out_tiles += (b.out[p] + tile_rows - 1) / tile_rows;
+  }
   const int64_t g = groups > 0 ? groups : 1;
   // CTAs resident at once (registers usually allow two: __launch_bounds__(kThreads, 2))
   const int64_t resident = static_cast<int64_t>(sm_count()) * resident_per_sm<F, R, NO>(smem);
@@ -589,7 +624,8 @@ cudaError_t launch_one(const BlockScaledArgs& a, int64_t groups, cudaStream_t s)
   if (F == Fmt::Fp8 && decode) {
     constexpr int64_t kWindowBytes = int64_t{20} << 20;
     const int64_t block_bytes = F == Fmt::Fp8 ? 32 : 16;
-    const bool aligned = reinterpret_cast<uintptr_t>(b.w) % 16 == 0 && b.in % 32 == 0;
+    bool aligned = b.in % 32 == 0;
+    for (int p = 0; p < b.n_parts; ++p) aligned = aligned && reinterpret_cast<uintptr_t>(b.w[p]) % 16 == 0;
     const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(gx * g, resident));
     const int64_t chunk_bytes = 32 * static_cast<int64_t>(NO) * block_bytes;  // one chunk of a warp's rows
     const int64_t w = kWindowBytes / (ctas * kWarps * chunk_bytes);
@@ -606,7 +642,7 @@ cudaError_t launch_one(const BlockScaledArgs& a, int64_t groups, cudaStream_t s)
       const int64_t r0 = g0 * R;
       c.x_codes = a.x_codes + r0 * a.in;
       c.x_scales = a.x_scales + r0 * (a.in / 32);
-      c.y = a.y + r0 * a.y_stride;
+      for (int p = 0; p < a.n_parts; ++p) c.y[p] = a.y[p] + r0 * a.y_stride[p];
       c.rows = a.rows - r0;
     }
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(ng));
@@ -642,8 +678,12 @@ cudaError_t launch(BlockScaledArgs a, int R, int64_t groups, cudaStream_t s) {
   const int64_t min_warps = 8 * static_cast<int64_t>(sm_count());
   // register budget: the NO weight blocks (8 words FP8, 4 words FP4) and R activation blocks
   int no = (R == 4 || (F == Fmt::Fp8 && R == 2)) ? 4 : 8;
-  while (no > 2 && ((a.out + static_cast<int64_t>(no) * ns - 1) / (static_cast<int64_t>(no) * ns)) * groups < min_warps)
-    no /= 2;
+  auto tiles = [&](int64_t rows_per_tile) {
+    int64_t t = 0;
+    for (int p = 0; p < a.n_parts; ++p) t += (a.out[p] + rows_per_tile - 1) / rows_per_tile;
+    return t;
+  };
+  while (no > 2 && tiles(static_cast<int64_t>(no) * ns) * groups < min_warps) no /= 2;
   if (R == 1) {
     if (no == 8) return launch_one<F, 1, 8>(a, groups, s);
     if (no == 4) return launch_one<F, 1, 4>(a, groups, s);
@@ -662,37 +702,51 @@ cudaError_t launch(BlockScaledArgs a, int R, int64_t groups, cudaStream_t s) {
 }  // namespace
 
 namespace raw {
-cudaError_t lin8(const Lin8Args& a, cudaStream_t s) {
-  if (a.m == 0) return cudaSuccess;
+cudaError_t lin8_group(const Lin8GroupArgs& g, cudaStream_t s) {
+  const Lin8Args& a = g.lin[0];
+  if (g.count <= 0 || a.m == 0) return cudaSuccess;
   BlockScaledArgs b;
-  b.w = a.w.codes;
-  b.ws = a.w.scales;
+  b.n_parts = std::min(g.count, kMaxParts);
+  for (int p = 0; p < b.n_parts; ++p) {
+    b.w[p] = g.lin[p].w.codes;
+    b.ws[p] = g.lin[p].w.scales;
+    b.out[p] = g.lin[p].w.out;
+    b.y[p] = g.lin[p].y;
+    b.y_stride[p] = g.lin[p].y_stride;
+  }
   b.in = a.w.in;
-  b.out = a.w.out;
   b.x_codes = a.x_codes;
   b.x_scales = a.x_scales;
   b.rows = a.m;
-  b.y = a.y;
-  b.y_stride = a.y_stride;
   b.round_bf16 = a.round_bf16;
   const int R = a.m == 1 ? 1 : (a.m == 2 ? 2 : 4);
   return launch<Fmt::Fp8>(b, R, (a.m + R - 1) / R, s);
 }
-cudaError_t lin4(const Lin4Args& a, cudaStream_t s) {
-  if (a.rows == 0) return cudaSuccess;
+cudaError_t lin8(const Lin8Args& a, cudaStream_t s) {
+  Lin8GroupArgs g;
+  g.lin[0] = a;
+  g.count = 1;
+  return lin8_group(g, s);
+}
+cudaError_t lin4_group(const Lin4GroupArgs& g, cudaStream_t s) {
+  const Lin4Args& a = g.lin[0];
+  if (g.count <= 0 || a.rows == 0) return cudaSuccess;
   BlockScaledArgs b;
-  b.w = a.w.packed;
-  b.ws = a.w.scales;
+  b.n_parts = std::min(g.count, kMaxParts);
+  for (int p = 0; p < b.n_parts; ++p) {
+    b.w[p] = g.lin[p].w.packed;
+    b.ws[p] = g.lin[p].w.scales;
+    b.out[p] = g.lin[p].w.out;
+    b.y[p] = g.lin[p].y;
+    b.y_stride[p] = g.lin[p].y_stride;
+  }
   b.in = a.w.in;
-  b.out = a.w.out;
   b.n_experts = a.w.n_experts;
   b.x_codes = a.x_codes;
   b.x_scales = a.x_scales;
   b.rows = a.rows;
   b.expert_ids = a.expert_ids;
   b.x_row_div = a.x_row_div;
-  b.y = a.y;
-  b.y_stride = a.y_stride;
   b.round_bf16 = a.round_bf16;
   // Group size: one token's pairs never share an expert, and while there are fewer pairs than
   // experts (decode batches over a large bank) sharing is rare, so a group of R > 1 would mostly run
@@ -700,6 +754,12 @@ cudaError_t lin4(const Lin4Args& a, cudaStream_t s) {
   const int64_t per_expert = a.expert_ids ? a.rows / std::max<int64_t>(1, a.w.n_experts) : a.rows;
   const int R = a.rows <= 8 || per_expert == 0 ? 1 : (a.rows <= 64 ? 2 : 4);
   return launch<Fmt::Fp4>(b, R, a.rows, s);
+}
+cudaError_t lin4(const Lin4Args& a, cudaStream_t s) {
+  Lin4GroupArgs g;
+  g.lin[0] = a;
+  g.count = 1;
+  return lin4_group(g, s);
 }
 cudaError_t lin_decode_all(float* e4m3_out, float* e2m1_out, cudaStream_t s) {
   lin_decode_all_kernel<<<1, 256, 0, s>>>(e4m3_out, e2m1_out);

@@ -87,6 +87,19 @@ struct Lin4Args {
   int64_t y_stride = 0;
   bool round_bf16 = true;
 };
+// Up to kLinGroupMax Lin8s (Lin4 banks) that read the same input codes, in one launch: the warp
+// tiles are dealt over the linears' outputs as if they were concatenated, and every output equals
+// its separate lin8 / lin4 call bit for bit. lin[0..count) share w.in, x_codes, x_scales, m (rows)
+// and round_bf16; Lin4 banks also n_experts, expert_ids and x_row_div.
+constexpr int kLinGroupMax = 3;
+struct Lin8GroupArgs {
+  Lin8Args lin[kLinGroupMax];
+  int count = 0;
+};
+struct Lin4GroupArgs {
+  Lin4Args lin[kLinGroupMax];
+  int count = 0;
+};
 // Dense linear over bf16 (LinBF16) or fp32 (LinF32) weights, in `groups` independent groups:
 // group g uses weight rows [g*out, (g+1)*out), input columns [g*in, ..) and output columns
 // [g*out, ..) (the grouped low-rank output); groups = 1 is a plain linear.
@@ -348,6 +361,8 @@ cudaError_t qdq(const QdqArgs& a, cudaStream_t s);
 cudaError_t act_quant8(const ActQuantArgs& a, cudaStream_t s);
 cudaError_t lin8(const Lin8Args& a, cudaStream_t s);
 cudaError_t lin4(const Lin4Args& a, cudaStream_t s);
+cudaError_t lin8_group(const Lin8GroupArgs& a, cudaStream_t s);
+cudaError_t lin4_group(const Lin4GroupArgs& a, cudaStream_t s);
 cudaError_t lin_dense(const DenseArgs& a, cudaStream_t s);
 cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s);
 cudaError_t hc_collapse(const HcCollapseArgs& a, cudaStream_t s);

@@ -54,13 +54,13 @@ QuantizedInput Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeA
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim, qlr = c.q_lora_rank, Hl = b.n_heads;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  linear(b.wq_a, sc.x, dim, n, sc.qr, qlr, true, xq);
+  // wq_a and wkv read the same rows: one grouped launch when both are FP8 (see linear_pair)
+  linear_pair(b.wq_a, sc.qr, qlr, b.wkv, sc.kv, hd, sc.x, dim, n, true, xq);
   // q_norm writes the codes of the q latent for wq_b and the indexer's wq_b (kept in sc.qr_codes).
   gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
   const bool qr_codes = takes_codes(b.wq_b) || (b.has_indexer && takes_codes(b.i_wq_b));
   const QuantizedInput qrq = rms_norm_rows(qn, qr_codes, sc.qr_codes, sc.qr_scales);
   linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true, qrq);
-  linear(b.wkv, sc.x, dim, n, sc.kv, hd, true, xq);
   rope_rows(b, at, sc.q + hd - rd, n, Hl, hd, Hl * hd, false);
   gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
   gpu::rms_norm(kn, stream);

@@ -78,6 +78,55 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
   }
 }
 
+void Impl::linear_pair(const GpuLinear& l1, float* y1, int64_t y1_stride, const GpuLinear& l2, float* y2,
+                       int64_t y2_stride, const float* x, int64_t x_stride, int64_t m, bool round,
+                       const QuantizedInput& xq) {
+  if (m == 0) return;
+  const bool fp8 = l1.kind == GpuLinear::Kind::Fp8 && l2.kind == GpuLinear::Kind::Fp8;
+  const bool fp4 = l1.kind == GpuLinear::Kind::Fp4 && l2.kind == GpuLinear::Kind::Fp4;
+  if ((!fp8 && !fp4) || l1.in != l2.in) {
+    linear(l1, x, x_stride, m, y1, y1_stride, round, xq);
+    linear(l2, x, x_stride, m, y2, y2_stride, round, xq);
+    return;
+  }
+  QuantizedInput in = xq;
+  if (in.empty()) in = quantize(x, x_stride, m, l1.in, sc.codes, sc.act_scales);
+  DSV_ASSERT(in.k == l1.in && in.rows >= m, "linear_pair: codes of {} rows of {} for {} rows of {}", in.rows, in.k, m,
+             l1.in);
+  const GpuLinear* ls[2] = {&l1, &l2};
+  float* ys[2] = {y1, y2};
+  const int64_t strides[2] = {y1_stride, y2_stride};
+  if (fp8) {
+    gpu::Lin8GroupArgs g;
+    g.count = 2;
+    for (int p = 0; p < 2; ++p) {
+      gpu::Lin8Args& a = g.lin[p];
+      a.w = {ls[p]->w.as<uint8_t>(), ls[p]->s.as<uint8_t>(), ls[p]->in, ls[p]->out};
+      a.x_codes = in.codes;
+      a.x_scales = in.scales;
+      a.m = m;
+      a.y = ys[p];
+      a.y_stride = strides[p];
+      a.round_bf16 = round;
+    }
+    gpu::lin8_group(g, stream);
+  } else {
+    gpu::Lin4GroupArgs g;
+    g.count = 2;
+    for (int p = 0; p < 2; ++p) {
+      gpu::Lin4Args& a = g.lin[p];
+      a.w = {ls[p]->w.as<uint8_t>(), ls[p]->s.as<uint8_t>(), ls[p]->in, ls[p]->out, 1};
+      a.x_codes = in.codes;
+      a.x_scales = in.scales;
+      a.rows = m;
+      a.y = ys[p];
+      a.y_stride = strides[p];
+      a.round_bf16 = round;
+    }
+    gpu::lin4_group(g, stream);
+  }
+}
+
 // Engram (block.cpp engram): the pass's table rows (staged for every Engram layer before the pass,
 // engram_stage) dequantised on the device, wkv, then the per-stream gates update the streams in place.
 void Impl::engram(const GpuBlock& b, const uint8_t* raw_rows, int64_t n) {

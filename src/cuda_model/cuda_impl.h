@@ -343,6 +343,12 @@ struct Impl {
   // codes xq of x when given (rows >= m, k = l.in), else quantises x into sc.codes first.
   void linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
               bool round, const QuantizedInput& xq = {});
+  // Two linears of the same rows x: y1 = l1(x), y2 = l2(x). When both are FP8 (or both FP4) with
+  // the same input width they run as one grouped launch (the input quantised once), bit-identical to
+  // two linear() calls; any other mix of kinds runs them one after the other.
+  void linear_pair(const GpuLinear& l1, float* y1, int64_t y1_stride, const GpuLinear& l2, float* y2,
+                   int64_t y2_stride, const float* x, int64_t x_stride, int64_t m, bool round,
+                   const QuantizedInput& xq = {});
   static bool takes_codes(const GpuLinear& l) {
     return l.kind == GpuLinear::Kind::Fp8 || l.kind == GpuLinear::Kind::Fp4;
   }

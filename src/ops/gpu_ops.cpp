@@ -4,6 +4,7 @@
 
 #if DSV41_HAS_CUDA
 #include <cstdint>
+#include <cstdlib>
 
 #include "dsv41/common/error.h"
 #include "dsv41/model/mix_gemm_parts.h"
@@ -15,6 +16,13 @@ namespace {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void launched(cudaError_t e, const char* what) { check_cuda(e, what); }
+
+// DSV41_NO_LIN_GROUP=1 runs grouped linears as separate launches (same results; for measuring
+// what one launch brings).
+bool lin_groups_enabled() {
+  static const bool on = std::getenv("DSV41_NO_LIN_GROUP") == nullptr;
+  return on;
+}
 
 }  // namespace
 
@@ -67,6 +75,57 @@ void lin4(const Lin4Args& a, cudaStream_t s) {
             "lin4: weight, activation and output pointers must be set");
   DSV_CHECK(aligned16(a.w.packed) && (a.rows == 0 || aligned16(a.x_codes)), "lin4: codes must be 16-byte aligned");
   launched(raw::lin4(a, s), "lin4 launch");
+}
+
+void lin8_group(const Lin8GroupArgs& g, cudaStream_t s) {
+  DSV_CHECK(g.count >= 1 && g.count <= kLinGroupMax, "lin8_group: count={} (1..{})", g.count, kLinGroupMax);
+  const Lin8Args& a = g.lin[0];
+  for (int p = 0; p < g.count; ++p) {
+    const Lin8Args& l = g.lin[p];
+    DSV_CHECK(l.w.in > 0 && l.w.in % 32 == 0 && l.w.out > 0, "lin8_group: linear {}: in={} (multiple of 32) out={}", p,
+              l.w.in, l.w.out);
+    DSV_CHECK(l.w.in == a.w.in && l.x_codes == a.x_codes && l.x_scales == a.x_scales && l.m == a.m &&
+                  l.round_bf16 == a.round_bf16,
+              "lin8_group: linear {} must read the same input (in, codes, scales, m, rounding) as linear 0", p);
+    DSV_CHECK(l.m >= 0 && l.y_stride >= l.w.out, "lin8_group: linear {}: m={} y_stride={} out={}", p, l.m, l.y_stride,
+              l.w.out);
+    DSV_CHECK(l.w.codes && l.w.scales && (l.m == 0 || (l.x_codes && l.x_scales && l.y)),
+              "lin8_group: linear {}: weight, activation and output pointers must be set", p);
+    DSV_CHECK(aligned16(l.w.codes) && (l.m == 0 || aligned16(l.x_codes)), "lin8_group: linear {}: codes must be 16-byte aligned",
+              p);
+  }
+  if (lin_groups_enabled()) {
+    launched(raw::lin8_group(g, s), "lin8_group launch");
+  } else {
+    for (int p = 0; p < g.count; ++p) launched(raw::lin8(g.lin[p], s), "lin8 launch");
+  }
+}
+
+void lin4_group(const Lin4GroupArgs& g, cudaStream_t s) {
+  DSV_CHECK(g.count >= 1 && g.count <= kLinGroupMax, "lin4_group: count={} (1..{})", g.count, kLinGroupMax);
+  const Lin4Args& a = g.lin[0];
+  for (int p = 0; p < g.count; ++p) {
+    const Lin4Args& l = g.lin[p];
+    DSV_CHECK(l.w.in > 0 && l.w.in % 32 == 0 && l.w.out > 0 && l.w.n_experts >= 1,
+              "lin4_group: linear {}: in={} (multiple of 32) out={} experts={}", p, l.w.in, l.w.out, l.w.n_experts);
+    DSV_CHECK(l.w.in == a.w.in && l.w.n_experts == a.w.n_experts && l.x_codes == a.x_codes &&
+                  l.x_scales == a.x_scales && l.rows == a.rows && l.expert_ids == a.expert_ids &&
+                  l.x_row_div == a.x_row_div && l.round_bf16 == a.round_bf16,
+              "lin4_group: linear {} must read the same input (in, experts, codes, scales, rows, expert ids, row "
+              "divisor, rounding) as linear 0",
+              p);
+    DSV_CHECK(l.rows >= 0 && l.x_row_div >= 1 && l.y_stride >= l.w.out, "lin4_group: linear {}: rows={} x_row_div={} y_stride={}",
+              p, l.rows, l.x_row_div, l.y_stride);
+    DSV_CHECK(l.w.packed && l.w.scales && (l.rows == 0 || (l.x_codes && l.x_scales && l.y)),
+              "lin4_group: linear {}: weight, activation and output pointers must be set", p);
+    DSV_CHECK(aligned16(l.w.packed) && (l.rows == 0 || aligned16(l.x_codes)),
+              "lin4_group: linear {}: codes must be 16-byte aligned", p);
+  }
+  if (lin_groups_enabled()) {
+    launched(raw::lin4_group(g, s), "lin4_group launch");
+  } else {
+    for (int p = 0; p < g.count; ++p) launched(raw::lin4(g.lin[p], s), "lin4 launch");
+  }
 }
 
 void lin_dense(const DenseArgs& a, cudaStream_t s) {

@@ -232,6 +232,76 @@ void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vec
   }
 }
 
+// ---- grouped Lin8 pairs ---------------------------------------------------------------------------------
+// Two linears over the same input codes: two lin8 calls vs one lin8_group launch (bit-identical
+// outputs required; the separate calls are checked against the CPU in bench_lin8).
+void bench_lin8_pair(const std::string& name, int64_t in, int64_t out1, int64_t out2, const std::vector<int64_t>& ms,
+                     int iters) {
+  const int64_t snb = (in + 31) / 32, outs[2] = {out1, out2};
+  size_t wbytes[2], sbytes[2];
+  for (int p = 0; p < 2; ++p) wbytes[p] = static_cast<size_t>(in * outs[p]), sbytes[p] = static_cast<size_t>(((outs[p] + 31) / 32) * snb);
+  const int copies = static_cast<int>(std::max<size_t>(1, (kRotateBytes + wbytes[0] + wbytes[1] - 1) / (wbytes[0] + wbytes[1])));
+  std::vector<DeviceBuffer> dw, ds;
+  for (int p = 0; p < 2; ++p) {
+    const std::vector<uint8_t> codes = e4m3_bytes(wbytes[p], in * 7 + outs[p] + p);
+    const std::vector<uint8_t> scales = e8m0_bytes(sbytes[p], in + outs[p] * 3 + p);
+    dw.emplace_back(wbytes[p] * copies);
+    ds.emplace_back(sbytes[p] * copies);
+    for (int c = 0; c < copies; ++c) {
+      dw[p].upload(codes.data(), wbytes[p], wbytes[p] * c);
+      ds[p].upload(scales.data(), sbytes[p], sbytes[p] * c);
+    }
+  }
+  for (int64_t m : ms) {
+    const std::vector<float> x = bf16_values(static_cast<size_t>(m * in), m * 31 + in, 124, 6);
+    QuantAct qa(x, m, in);
+    DeviceBuffer y_sep[2] = {DeviceBuffer(static_cast<size_t>(m * out1) * 4), DeviceBuffer(static_cast<size_t>(m * out2) * 4)};
+    DeviceBuffer y_grp[2] = {DeviceBuffer(static_cast<size_t>(m * out1) * 4), DeviceBuffer(static_cast<size_t>(m * out2) * 4)};
+    gpu::Lin8GroupArgs g;
+    g.count = 2;
+    for (int p = 0; p < 2; ++p) {
+      g.lin[p].x_codes = qa.codes.as<uint8_t>();
+      g.lin[p].x_scales = qa.scales.as<float>();
+      g.lin[p].m = m;
+      g.lin[p].y_stride = outs[p];
+    }
+    auto set = [&](int i, DeviceBuffer* ys) {
+      const int c = i % copies;
+      for (int p = 0; p < 2; ++p) {
+        g.lin[p].w = {dw[p].as<uint8_t>() + wbytes[p] * c, ds[p].as<uint8_t>() + sbytes[p] * c, in, outs[p]};
+        g.lin[p].y = ys[p].as<float>();
+      }
+    };
+    auto separate = [&](int i) {
+      set(i, y_sep);
+      gpu::lin8(g.lin[0], g_stream);
+      gpu::lin8(g.lin[1], g_stream);
+    };
+    auto grouped = [&](int i) {
+      set(i, y_grp);
+      gpu::lin8_group(g, g_stream);
+    };
+    separate(0);
+    grouped(0);
+    gpu::check_cuda(cudaDeviceSynchronize(), "lin8 pair");
+    size_t bad = 0, total = 0;
+    for (int p = 0; p < 2; ++p) {
+      const std::vector<float> a = y_sep[p].to_host<float>(static_cast<size_t>(m * outs[p]));
+      const std::vector<float> b = y_grp[p].to_host<float>(static_cast<size_t>(m * outs[p]));
+      for (size_t i = 0; i < a.size(); ++i) bad += std::memcmp(&a[i], &b[i], 4) != 0;
+      total += a.size();
+    }
+    std::printf("  check %-40s %s (%zu/%zu bit-identical to separate calls)\n", ("lin8 pair " + name + " m=" + std::to_string(m)).c_str(),
+                bad ? "FAILED" : "ok", total - bad, total);
+    if (bad) ++g_failures;
+    const double bytes = double(wbytes[0] + wbytes[1] + sbytes[0] + sbytes[1]) + double(m * in) * 1.125 +
+                         double(m * (out1 + out2)) * 4;
+    const std::string shape = name + " " + std::to_string(out1) + "+" + std::to_string(out2) + "x" + std::to_string(in);
+    report("lin8x2", shape + " separate", m, time_calls(separate, iters), bytes);
+    report("lin8x2", shape + " grouped", m, time_calls(grouped, iters), bytes);
+  }
+}
+
 // ---- Lin4 expert bank ---------------------------------------------------------------------------------
 // The routed experts of n_tok tokens: top_k distinct experts per token (as the router picks them),
 // drawn afresh for every call so that consecutive calls read other experts.
@@ -341,6 +411,88 @@ void bench_lin4(const std::string& name, int64_t in, int64_t out, int64_t n_expe
   }
 }
 
+// ---- grouped Lin4 gate/up banks -----------------------------------------------------------------------
+// w1 and w3 banks of the same experts over the same token codes: two lin4 calls vs one lin4_group.
+void bench_lin4_pair(const std::string& name, int64_t in, int64_t out, int64_t n_experts, int64_t top_k,
+                     const std::vector<int64_t>& ms, int iters) {
+  const int64_t nb = in / 32;
+  const size_t pbytes = static_cast<size_t>(out * in / 2), sbytes = static_cast<size_t>(out * nb);
+  std::vector<DeviceBuffer> dp, ds;
+  for (int b = 0; b < 2; ++b) {
+    const std::vector<uint8_t> packed = raw_bytes(pbytes, in + out + 101 * b);
+    const std::vector<uint8_t> scales = e8m0_bytes(sbytes, in * 5 + out + b);
+    dp.emplace_back(pbytes * n_experts);
+    ds.emplace_back(sbytes * n_experts);
+    std::vector<uint8_t> pe(pbytes), se(sbytes);
+    for (int64_t e = 0; e < n_experts; ++e) {
+      for (size_t i = 0; i < pbytes; ++i) pe[i] = static_cast<uint8_t>(packed[i] + 37 * e);
+      for (size_t i = 0; i < sbytes; ++i) se[i] = static_cast<uint8_t>(118 + (scales[i] - 118 + e) % 9);
+      dp[b].upload(pe.data(), pbytes, pbytes * e);
+      ds[b].upload(se.data(), sbytes, sbytes * e);
+    }
+  }
+  Fast f(static_cast<uint64_t>(in * 13 + out));
+  for (int64_t m : ms) {
+    const int64_t rows = m * top_k;
+    std::vector<int32_t> all_ids;
+    const int n_sets = iters + 3;
+    for (int i = 0; i < n_sets; ++i) {
+      const std::vector<int32_t> ids = route(m, top_k, n_experts, f);
+      all_ids.insert(all_ids.end(), ids.begin(), ids.end());
+    }
+    DeviceBuffer dids = DeviceBuffer::from(all_ids);
+    const std::vector<float> x = bf16_values(static_cast<size_t>(m * in), m * 13 + in, 124, 6);
+    QuantAct qa(x, m, in);
+    DeviceBuffer y_sep[2] = {DeviceBuffer(static_cast<size_t>(rows * out) * 4), DeviceBuffer(static_cast<size_t>(rows * out) * 4)};
+    DeviceBuffer y_grp[2] = {DeviceBuffer(static_cast<size_t>(rows * out) * 4), DeviceBuffer(static_cast<size_t>(rows * out) * 4)};
+    gpu::Lin4GroupArgs g;
+    g.count = 2;
+    for (int b = 0; b < 2; ++b) {
+      gpu::Lin4Args& a = g.lin[b];
+      a.w = {dp[b].as<uint8_t>(), ds[b].as<uint8_t>(), in, out, n_experts};
+      a.x_codes = qa.codes.as<uint8_t>();
+      a.x_scales = qa.scales.as<float>();
+      a.rows = rows;
+      a.x_row_div = top_k;
+      a.y_stride = out;
+    }
+    auto set = [&](int i, DeviceBuffer* ys) {
+      for (int b = 0; b < 2; ++b) {
+        g.lin[b].expert_ids = dids.as<int32_t>() + static_cast<int64_t>(i % n_sets) * rows;
+        g.lin[b].y = ys[b].as<float>();
+      }
+    };
+    auto separate = [&](int i) {
+      set(i, y_sep);
+      gpu::lin4(g.lin[0], g_stream);
+      gpu::lin4(g.lin[1], g_stream);
+    };
+    auto grouped = [&](int i) {
+      set(i, y_grp);
+      gpu::lin4_group(g, g_stream);
+    };
+    separate(0);
+    grouped(0);
+    gpu::check_cuda(cudaDeviceSynchronize(), "lin4 pair");
+    size_t bad = 0, total = 0;
+    for (int b = 0; b < 2; ++b) {
+      const std::vector<float> u = y_sep[b].to_host<float>(static_cast<size_t>(rows * out));
+      const std::vector<float> v = y_grp[b].to_host<float>(static_cast<size_t>(rows * out));
+      for (size_t i = 0; i < u.size(); ++i) bad += std::memcmp(&u[i], &v[i], 4) != 0;
+      total += u.size();
+    }
+    std::printf("  check %-40s %s (%zu/%zu bit-identical to separate calls)\n", ("lin4 pair " + name + " m=" + std::to_string(m)).c_str(),
+                bad ? "FAILED" : "ok", total - bad, total);
+    if (bad) ++g_failures;
+    // distinct experts read per call (about rows of them at decode sizes), both banks
+    const double distinct = static_cast<double>(std::min<int64_t>(rows, n_experts));
+    const double bytes = 2 * distinct * double(pbytes + sbytes) + double(m * in) * 1.125 + double(2 * rows * out) * 4;
+    const std::string shape = name + " 2x" + std::to_string(out) + "x" + std::to_string(in);
+    report("lin4x2", shape + " separate", m, time_calls(separate, iters), bytes);
+    report("lin4x2", shape + " grouped", m, time_calls(grouped, iters), bytes);
+  }
+}
+
 // ---- dense ------------------------------------------------------------------------------------------
 void bench_dense(const std::string& name, gpu::DenseType wt, int64_t in, int64_t out, int64_t groups, bool round,
                  const std::vector<int64_t>& ms, int iters, int64_t check_outputs) {
@@ -409,6 +561,8 @@ void bench_dense(const std::string& name, gpu::DenseType wt, int64_t in, int64_t
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  // --pairs: only the linears that share an input, as two calls and as one grouped launch
+  const bool pairs_only = argc > 1 && std::string(argv[1]) == "--pairs";
   try {
     const ModelConfig c = load_model_config(std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json");
     cudaDeviceProp prop{};
@@ -421,6 +575,14 @@ int main(int argc, char** argv) {
     const int64_t dim = c.hidden_size, qlr = c.q_lora_rank, hd = c.head_dim, H = c.num_attention_heads;
     const int64_t inter = c.moe_intermediate_size, K = c.num_experts_per_tok, E = c.n_routed_experts;
 
+    bench_lin4_pair("w1+w3", dim, inter, E, K, ms_decode, it);
+    bench_lin8_pair("wq_a+wkv", dim, qlr, hd, ms, it);
+    bench_lin8_pair("shared w1+w3", dim, inter, inter, ms, it);
+    bench_lin8_pair("wq_b+index wq_b", qlr, H * hd, c.index_n_heads * c.index_head_dim, ms, it);
+    if (pairs_only) {
+      std::printf("comparisons failed: %d\n", g_failures);
+      return g_failures ? 1 : 0;
+    }
     bench_lin4("gate/up", dim, inter, E, K, true, ms, it);
     bench_lin4("down", inter, dim, E, K, false, ms, it);
 

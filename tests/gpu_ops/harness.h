@@ -198,4 +198,19 @@ inline std::vector<float> from_bf16_bits(const std::vector<uint16_t>& v) {
   return o;
 }
 
+// The first `cols` values of each of `rows` rows of a strided device output; the gap columns
+// between them must still hold Guarded's poison (NaN), or the kernel wrote past its row.
+inline std::vector<float> strided_rows(const std::string& what, const Guarded& y, int64_t rows, int64_t stride,
+                                       int64_t cols) {
+  const std::vector<float> all = y.host<float>();
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  size_t gap_written = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) v[r * cols + c] = all[r * stride + c];
+    for (int64_t c = cols; c < stride; ++c) gap_written += !std::isnan(all[r * stride + c]);
+  }
+  EXPECT_EQ(gap_written, 0u) << what << ": stride gap written";
+  return v;
+}
+
 }  // namespace dsv41::test

@@ -21,20 +21,6 @@ namespace {
 
 namespace gpu = ops::gpu;
 
-// The first `cols` values of each of `rows` rows of a strided device output; the gap columns must
-// still hold the poison (NaN).
-std::vector<float> rows_of(const std::string& what, const Guarded& y, int64_t rows, int64_t stride, int64_t cols) {
-  const std::vector<float> all = y.host<float>();
-  std::vector<float> v(static_cast<size_t>(rows * cols));
-  size_t gap_written = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) v[r * cols + c] = all[r * stride + c];
-    for (int64_t c = cols; c < stride; ++c) gap_written += !std::isnan(all[r * stride + c]);
-  }
-  EXPECT_EQ(gap_written, 0u) << what << ": stride gap written";
-  return v;
-}
-
 void lin8_case(int64_t in, int64_t out, int64_t m, bool round) {
   const std::string what = "lin8 " + std::to_string(out) + "x" + std::to_string(in) + " m=" + std::to_string(m) +
                            (round ? "" : " fp32");
@@ -66,7 +52,7 @@ void lin8_case(int64_t in, int64_t out, int64_t m, bool round) {
   a.round_bf16 = round;
   gpu::lin8(a, nullptr);
   sync_ok();
-  expect_equal(what, rows_of(what, dy, m, y_stride, out), want);
+  expect_equal(what, strided_rows(what, dy, m, y_stride, out), want);
   expect_guards(what, dy);
 }
 
@@ -128,7 +114,7 @@ void lin4_case(const std::string& tag, int64_t in, int64_t out, int64_t n_expert
   a.y_stride = y_stride;
   gpu::lin4(a, nullptr);
   sync_ok();
-  expect_equal(what, rows_of(what, dy, rows, y_stride, out), want);
+  expect_equal(what, strided_rows(what, dy, rows, y_stride, out), want);
   expect_guards(what, dy);
 }
 
@@ -201,7 +187,7 @@ void dense_case(gpu::DenseType wt, int64_t in, int64_t out, int64_t groups, int6
   a.round_bf16 = round;
   gpu::lin_dense(a, nullptr);
   sync_ok();
-  expect_equal(what, rows_of(what, dy, m, y_stride, groups * out), want);
+  expect_equal(what, strided_rows(what, dy, m, y_stride, groups * out), want);
   expect_guards(what, dy);
 }
 

@@ -21,6 +21,10 @@ void act_quant8(const ActQuantArgs& a, cudaStream_t s);
 // Lin8 / Lin4 take the ActQuant8 output of their input rows.
 void lin8(const Lin8Args& a, cudaStream_t s);
 void lin4(const Lin4Args& a, cudaStream_t s);
+// Up to kLinGroupMax linears over the same input codes in one launch (ops_launch.h), bit-identical
+// to separate calls; a count of 1 is a plain call.
+void lin8_group(const Lin8GroupArgs& a, cudaStream_t s);
+void lin4_group(const Lin4GroupArgs& a, cudaStream_t s);
 void lin_dense(const DenseArgs& a, cudaStream_t s);
 void hc_mix(const HcMixArgs& a, cudaStream_t s);
 void hc_collapse(const HcCollapseArgs& a, cudaStream_t s);

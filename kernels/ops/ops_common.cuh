@@ -324,49 +324,6 @@ __device__ float warp_gemm_dot(A a, B b, int64_t n) {
 // latency-bound kernels therefore copy their rows into shared memory with the whole block first
 // (coalesced, several 16-byte loads in flight per thread) and run the same chains from there.
 
-// dst[c][i] = src[c][i] for i < n and each of the C rows, by all threads of the block. 16-byte
-// accesses when every pointer is 16-byte aligned (the tail and unaligned rows go element by
-// element). The caller synchronises the block afterwards.
-template <int C>
-__device__ __forceinline__ void block_stage(float* const (&dst)[C], const float* const (&src)[C], int64_t n) {
-  const int64_t tid = threadIdx.x, nt = blockDim.x;
-  uintptr_t bits = 0;
-#pragma unroll
-  for (int c = 0; c < C; ++c) bits |= reinterpret_cast<uintptr_t>(dst[c]) | reinterpret_cast<uintptr_t>(src[c]);
-  constexpr int kBatch = C <= 2 ? 8 : 4;
-  int64_t done = 0;
-  if ((bits & 15) == 0) {
-    const int64_t n4 = n >> 2;
-    for (int64_t base = tid; base < n4; base += kBatch * nt) {
-      float4 r[C][kBatch];
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u)
-          if (base + u * nt < n4) r[c][u] = reinterpret_cast<const float4*>(src[c])[base + u * nt];
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u)
-          if (base + u * nt < n4) reinterpret_cast<float4*>(dst[c])[base + u * nt] = r[c][u];
-    }
-    done = n4 << 2;
-  }
-  for (int64_t base = done + tid; base < n; base += kBatch * nt) {
-    float r[C][kBatch];
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-        if (base + u * nt < n) r[c][u] = src[c][base + u * nt];
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-        if (base + u * nt < n) dst[c][base + u * nt] = r[c][u];
-  }
-}
-
 // Shared-memory layout for rows that many threads read as parallel 256-long K blocks (dot_block
 // chains, thread s walking block s): element i of block s = i/256 sits in 16-byte chunk
 // ((i/4) % 64) ^ (s % 8) of that block's 1 KB. The 8 threads of a quarter warp reading blocks
@@ -378,9 +335,13 @@ __device__ __forceinline__ int64_t chain_swizzle(int64_t i) {
 }
 __device__ __forceinline__ int64_t chain_rows_size(int64_t n) { return (n + 255) / 256 * 256; }
 
-// block_stage into the chain_swizzle layout (dst rows hold chain_rows_size(n) floats).
-template <int C>
-__device__ __forceinline__ void block_stage_swizzled(float* const (&dst)[C], const float* const (&src)[C], int64_t n) {
+// dst[c][map(i)] = src[c][i] for i < n and each of the C rows, by all threads of the block, with
+// map(i) = i or chain_swizzle(i) (which keeps 4-element groups contiguous and 16-byte aligned).
+// 16-byte accesses when every pointer is 16-byte aligned (the tail and unaligned rows go element
+// by element). The caller synchronises the block afterwards.
+template <int C, bool kSwizzle>
+__device__ __forceinline__ void block_stage_mapped(float* const (&dst)[C], const float* const (&src)[C], int64_t n) {
+  auto at = [](int64_t i) { return kSwizzle ? chain_swizzle(i) : i; };
   const int64_t tid = threadIdx.x, nt = blockDim.x;
   uintptr_t bits = 0;
 #pragma unroll
@@ -400,7 +361,7 @@ __device__ __forceinline__ void block_stage_swizzled(float* const (&dst)[C], con
       for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int u = 0; u < kBatch; ++u)
-          if (base + u * nt < n4) *reinterpret_cast<float4*>(dst[c] + chain_swizzle((base + u * nt) << 2)) = r[c][u];
+          if (base + u * nt < n4) *reinterpret_cast<float4*>(dst[c] + at((base + u * nt) << 2)) = r[c][u];
     }
     done = n4 << 2;
   }
@@ -415,8 +376,20 @@ __device__ __forceinline__ void block_stage_swizzled(float* const (&dst)[C], con
     for (int c = 0; c < C; ++c)
 #pragma unroll
       for (int u = 0; u < kBatch; ++u)
-        if (base + u * nt < n) dst[c][chain_swizzle(base + u * nt)] = r[c][u];
+        if (base + u * nt < n) dst[c][at(base + u * nt)] = r[c][u];
   }
+}
+
+// Rows copied as they are.
+template <int C>
+__device__ __forceinline__ void block_stage(float* const (&dst)[C], const float* const (&src)[C], int64_t n) {
+  block_stage_mapped<C, false>(dst, src, n);
+}
+
+// Rows copied into the chain_swizzle layout (dst rows hold chain_rows_size(n) floats).
+template <int C>
+__device__ __forceinline__ void block_stage_swizzled(float* const (&dst)[C], const float* const (&src)[C], int64_t n) {
+  block_stage_mapped<C, true>(dst, src, n);
 }
 
 // dot_block over elements [k0, k1) of two rows in the chain_swizzle layout: the same sequential

@@ -50,6 +50,24 @@ void Impl::rope_rows(const GpuBlock& b, const gpu::RopeArgs& at, float* v, int64
   gpu::rope(r, stream);
 }
 
+// The indexer's queries and head weights of n rows (MODEL.md indexer): qi = QDQ4a(RoPE(wq_b(qr)))
+// per head into sc.qi, w = bf16(weights_proj(x) · ID^-0.5 · IH^-0.5) into sc.iw. Shared by the
+// sequence and batched-decode paths.
+void Impl::index_queries(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, const QuantizedInput& qrq,
+                         const QuantizedInput& xq) {
+  const ModelConfig& c = cfg;
+  const int64_t IH = c.index_n_heads, ID = c.index_head_dim, rd = c.qk_rope_head_dim;
+  linear(b.i_wq_b, sc.qr, c.q_lora_rank, n, sc.qi, IH * ID, true, qrq);
+  rope_rows(b, at, sc.qi + ID - rd, n, IH, ID, IH * ID, false);
+  gpu::QdqArgs q4{sc.qi, n * IH, ID, ID, gpu::QdqKind::Q4a};
+  gpu::qdq(q4, stream);
+  linear(b.i_weights_proj, sc.x, c.hidden_size, n, sc.iw, IH, true, xq);
+  const float wscale =
+      static_cast<float>(std::pow(static_cast<double>(ID), -0.5) * std::pow(static_cast<double>(IH), -0.5));
+  gpu::ScaleRoundArgs sr{sc.iw, n, IH, IH, wscale};
+  gpu::scale_round(sr, stream);
+}
+
 QuantizedInput Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, const QuantizedInput& xq) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim, qlr = c.q_lora_rank, Hl = b.n_heads;
@@ -74,7 +92,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   const ModelConfig& c = cfg;
   const int64_t n = p.n, start = p.start, end = start + n, L = b.layer;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim;
-  const int64_t win = c.sliding_window, qlr = c.q_lora_rank;
+  const int64_t win = c.sliding_window;
   gpu::RopeArgs at;
   at.pos0 = start;
   auto rope = [&](float* v, int64_t vecs, int64_t vec_stride, int64_t row_stride, bool inverse) {
@@ -130,15 +148,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
       if (T > 0) {
         DSV_ASSERT(T <= sc.t_max, "indexer: {} score columns exceed the scratch's {}", T, sc.t_max);
         const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
-        linear(b.i_wq_b, sc.qr, qlr, n, sc.qi, IH * ID, true, qrq);
-        rope(sc.qi + ID - rd, IH, ID, IH * ID, false);
-        gpu::QdqArgs q4{sc.qi, n * IH, ID, ID, gpu::QdqKind::Q4a};
-        gpu::qdq(q4, stream);
-        linear(b.i_weights_proj, sc.x, dim, n, sc.iw, IH, true, xq);
-        const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
-                                                std::pow(static_cast<double>(IH), -0.5));
-        gpu::ScaleRoundArgs sr{sc.iw, n, IH, IH, wscale};
-        gpu::scale_round(sr, stream);
+        index_queries(b, n, at, qrq, xq);
 
         int64_t key_src = c.kv_source_for(L);
         if (p.decode && !opts.corrected_index_keys && st.last_key_publisher >= 0) key_src = st.last_key_publisher;

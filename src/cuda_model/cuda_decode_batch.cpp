@@ -192,7 +192,7 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
   const ModelConfig& c = cfg;
   const int64_t n = db.rows(), L = b.layer;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim;
-  const int64_t win = c.sliding_window, qlr = c.q_lora_rank;
+  const int64_t win = c.sliding_window;
   auto seq = [&](int64_t i) -> CudaSeqState& { return *db.seqs[static_cast<size_t>(i)]; };
   auto pos = [&](int64_t i) { return db.pos[static_cast<size_t>(i)]; };
   gpu::RopeArgs at;
@@ -261,15 +261,7 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
       }
       if (total > 0) {
         const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
-        linear(b.i_wq_b, sc.qr, qlr, n, sc.qi, IH * ID, true, qrq);
-        rope(sc.qi + ID - rd, IH, ID, IH * ID, false);
-        gpu::QdqArgs q4{sc.qi, n * IH, ID, ID, gpu::QdqKind::Q4a};
-        gpu::qdq(q4, stream);
-        linear(b.i_weights_proj, sc.x, dim, n, sc.iw, IH, true, xq);
-        const float wscale = static_cast<float>(std::pow(static_cast<double>(ID), -0.5) *
-                                                std::pow(static_cast<double>(IH), -0.5));
-        gpu::ScaleRoundArgs sr{sc.iw, n, IH, IH, wscale};
-        gpu::scale_round(sr, stream);
+        index_queries(b, n, at, qrq, xq);
         for (int64_t i = 0; i < n; ++i) {
           const auto u = static_cast<size_t>(i);
           if (T[u] == 0) continue;

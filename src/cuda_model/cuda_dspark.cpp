@@ -223,18 +223,8 @@ void stage_forward(Impl& m, size_t stage, std::span<CudaSeqState* const> seqs, c
   const float eps = static_cast<float>(c.rms_norm_eps);
   auto mix = [&](const DeviceBuffer& fn, const DeviceBuffer& base, const DeviceBuffer& scale, float* out) {
     for (int64_t s = 0; s < ns; ++s) {  // each sequence's rows are one reference call of B rows
-      gpu::HcMixArgs a;
-      a.h = sc.h + s * B * hc * dim;
-      a.n = B;
-      a.hc = hc;
-      a.dim = dim;
-      a.fn = fn.as<float>();
-      a.base = base.as<float>();
-      a.scale = scale.as<float>();
-      a.iters = c.hc_sinkhorn_iters;
-      a.hc_eps = static_cast<float>(c.hc_eps);
-      a.norm_eps = eps;
-      a.mix = out + s * B * mixw;
+      gpu::HcMixArgs a = gpu::hc_mix_args(c, sc.h + s * B * hc * dim, B,
+                                          fn.as<float>(), base.as<float>(), scale.as<float>(), out + s * B * mixw);
       a.t_ref0 = 0;
       a.rows_ref = B;
       a.k_parts = 0;

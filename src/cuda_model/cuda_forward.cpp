@@ -155,18 +155,7 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
   const int64_t n = p.n, hc = c.hc_mult, dim = c.hidden_size, mixw = (2 + hc) * hc;
   const float eps = static_cast<float>(c.rms_norm_eps);
   auto mix = [&](const DeviceBuffer& fn, const DeviceBuffer& base, const DeviceBuffer& scale, float* out) {
-    gpu::HcMixArgs a;
-    a.h = sc.h;
-    a.n = n;
-    a.hc = hc;
-    a.dim = dim;
-    a.fn = fn.as<float>();
-    a.base = base.as<float>();
-    a.scale = scale.as<float>();
-    a.iters = c.hc_sinkhorn_iters;
-    a.hc_eps = static_cast<float>(c.hc_eps);
-    a.norm_eps = eps;
-    a.mix = out;
+    gpu::HcMixArgs a = gpu::hc_mix_args(c, sc.h, n, fn.as<float>(), base.as<float>(), scale.as<float>(), out);
     // The reference call these rows belong to decides the sigmoid path (block.cpp): a decode
     // step's single row, or the one-shot prefill of the whole prompt.
     a.t_ref0 = p.decode ? 0 : p.start;

@@ -304,6 +304,10 @@ struct Impl {
   // sc.kv. Returns the codes of the normed q latent sc.qr (the indexer's wq_b reads it too).
   QuantizedInput project_q_kv(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at,
                               const QuantizedInput& xq = {});
+  // The indexer's per-head queries (sc.qi) and head weights (sc.iw) of n rows; qrq / xq: the codes
+  // of sc.qr / sc.x, or empty.
+  void index_queries(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at, const QuantizedInput& qrq,
+                     const QuantizedInput& xq);
   ops::gpu::CompressorWeights compressor_weights(const GpuBlock& b) const;  // the layer's compressor
   // hist(t, out): row t's n-gram window of compressed ids, out[0] its own token, out[k] k back (-1: none).
   EngramPass engram_prepare(int64_t n, const std::function<void(int64_t, int64_t*)>& hist);

@@ -26,6 +26,23 @@ bool lin_groups_enabled() {
 
 }  // namespace
 
+HcMixArgs hc_mix_args(const ModelConfig& c, const float* h, int64_t n, const float* fn, const float* base,
+                      const float* scale, float* mix) {
+  HcMixArgs a;
+  a.h = h;
+  a.n = n;
+  a.hc = c.hc_mult;
+  a.dim = c.hidden_size;
+  a.fn = fn;
+  a.base = base;
+  a.scale = scale;
+  a.iters = c.hc_sinkhorn_iters;
+  a.hc_eps = static_cast<float>(c.hc_eps);
+  a.norm_eps = static_cast<float>(c.rms_norm_eps);
+  a.mix = mix;
+  return a;
+}
+
 void rms_norm(const RmsNormArgs& a, cudaStream_t s) {
   DSV_CHECK(a.rows >= 0 && a.d > 0, "rms_norm: rows={} d={}", a.rows, a.d);
   DSV_CHECK(a.rows == 0 || (a.x && a.w && a.out), "rms_norm: x, w and out must be device pointers");

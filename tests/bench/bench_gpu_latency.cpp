@@ -187,18 +187,8 @@ int main() {
     }
     // ---- hc_mix (decode arithmetic for m <= 4: parts of 256; the prefill pass as one call) ----
     {
-      gpu::HcMixArgs a;
-      a.h = dh.as<float>();
-      a.n = m;
-      a.hc = hc;
-      a.dim = dim;
-      a.fn = dfn.as<float>();
-      a.base = dbase.as<float>();
-      a.scale = dscale.as<float>();
-      a.iters = c.hc_sinkhorn_iters;
-      a.hc_eps = static_cast<float>(c.hc_eps);
-      a.norm_eps = eps;
-      a.mix = dmix.as<float>();
+      gpu::HcMixArgs a = gpu::hc_mix_args(c, dh.as<float>(), m,
+                                          dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), dmix.as<float>());
       a.rows_ref = m;
       report("hc_mix", m, [&](cudaStream_t st) { gpu::hc_mix(a, st); }, f4 * (m * k + n_mix * k + m * n_mix), 61.0);
       if (chk) {
@@ -390,18 +380,8 @@ int main() {
     }
     // ---- the small ops of one decode layer, back to back ----
     {
-      gpu::HcMixArgs mix;
-      mix.h = dh.as<float>();
-      mix.n = m;
-      mix.hc = hc;
-      mix.dim = dim;
-      mix.fn = dfn.as<float>();
-      mix.base = dbase.as<float>();
-      mix.scale = dscale.as<float>();
-      mix.iters = c.hc_sinkhorn_iters;
-      mix.hc_eps = static_cast<float>(c.hc_eps);
-      mix.norm_eps = eps;
-      mix.mix = dmix.as<float>();
+      gpu::HcMixArgs mix = gpu::hc_mix_args(c, dh.as<float>(), m,
+                                            dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), dmix.as<float>());
       mix.rows_ref = m;
       gpu::RouterArgs ra;
       ra.x = dout.as<float>();

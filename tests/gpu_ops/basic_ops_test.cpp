@@ -182,18 +182,8 @@ TEST(GpuOps, HcMixCollapseExpand) {
     }
     Guarded dh = Guarded::from(h), dfn = Guarded::from(fn), dbase = Guarded::from(base), dscale = Guarded::from(scale);
     Guarded dmix(want_mix.size() * 4), dpre = Guarded::from(pre_in), dx(want_x.size() * 4), dy = Guarded::from(y);
-    gpu::HcMixArgs ma;
-    ma.h = dh.as<float>();
-    ma.n = n;
-    ma.hc = hc;
-    ma.dim = dim;
-    ma.fn = dfn.as<float>();
-    ma.base = dbase.as<float>();
-    ma.scale = dscale.as<float>();
-    ma.iters = c.hc_sinkhorn_iters;
-    ma.hc_eps = static_cast<float>(c.hc_eps);
-    ma.norm_eps = static_cast<float>(c.rms_norm_eps);
-    ma.mix = dmix.as<float>();
+    gpu::HcMixArgs ma = gpu::hc_mix_args(c, dh.as<float>(), n,
+                                         dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), dmix.as<float>());
     gpu::hc_mix(ma, nullptr);
     gpu::HcCollapseArgs ca;
     ca.h = dh.as<float>();
@@ -259,18 +249,8 @@ TEST(GpuOps, HcMixSigmoidPathsExact) {
         std::copy_n(m.comb, hc * hc, &want[t * n_mix + 2 * hc]);
       }
       Guarded dmix(want.size() * 4);
-      gpu::HcMixArgs ma;
-      ma.h = dh.as<float>();
-      ma.n = n;
-      ma.hc = hc;
-      ma.dim = dim;
-      ma.fn = dfn.as<float>();
-      ma.base = dbase.as<float>();
-      ma.scale = dscale.as<float>();
-      ma.iters = c.hc_sinkhorn_iters;
-      ma.hc_eps = static_cast<float>(c.hc_eps);
-      ma.norm_eps = static_cast<float>(c.rms_norm_eps);
-      ma.mix = dmix.as<float>();
+      gpu::HcMixArgs ma = gpu::hc_mix_args(c, dh.as<float>(), n,
+                                           dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), dmix.as<float>());
       ma.t_ref0 = call.t_ref0;
       ma.rows_ref = call.rows_ref;
       ma.k_parts = call.k_parts;

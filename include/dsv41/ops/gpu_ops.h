@@ -9,11 +9,17 @@
 
 #include <cstdint>
 
+#include "dsv41/config/model_config.h"
 #include "ops/moe_grouped.h"
 #include "ops/ops_launch.h"
 
 namespace dsv41::ops::gpu {
 
+// The HcMixArgs of one mHC site of model `c` (hc, dim, Sinkhorn iterations and epsilons from the
+// config; the site's fn/base/scale; n rows of h into mix). The reference-call fields (t_ref0,
+// rows_ref, k_parts) keep their defaults: the caller sets them.
+HcMixArgs hc_mix_args(const ModelConfig& c, const float* h, int64_t n, const float* fn, const float* base,
+                      const float* scale, float* mix);
 void rms_norm(const RmsNormArgs& a, cudaStream_t s);
 void rope(const RopeArgs& a, cudaStream_t s);
 void qdq(const QdqArgs& a, cudaStream_t s);

@@ -43,6 +43,7 @@
 #include <cstdlib>
 
 #include "ops/lin_decode.h"
+#include "ops/lin_gemm.h"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -568,6 +569,10 @@ bool l2_prefetch_enabled() {
   return on;
 }
 
+// Lin4 calls of at most this many (token, expert) pairs are decode steps (m <= 4 tokens of 6 pairs):
+// they get the decode grid below whatever their CTA tiles would fill.
+constexpr int64_t kLin4DecodePairs = 24;
+
 // CTAs of a variant resident per SM (registers, shared memory), once per process.
 template <Fmt F, int R, int NO>
 int resident_per_sm(size_t smem) {
@@ -603,11 +608,19 @@ cudaError_t launch_one(const BlockScaledArgs& a, int64_t groups, cudaStream_t s)
   const int64_t resident = static_cast<int64_t>(sm_count()) * resident_per_sm<F, R, NO>(smem);
   const bool decode = g <= (F == Fmt::Fp8 ? 4 : 64);
   const int64_t cta_tiles = (b.out_tiles + kWarps - 1) / kWarps;
+  // Lin4 expert banks at decode sizes: the CTA tiles of a few pairs come to 1-3 CTAs per SM (6
+  // pairs of 2304x5120: 216 CTAs on 132 SMs, so 84 SMs carry twice the bytes and instructions of
+  // the other 48; 24 pairs: 384 CTAs, 1.45 waves). One wave dealt evenly over all warps instead.
+  // Measured on H200 (bench_gpu_linear, PDL on), CTA tiles -> this grid, us: gate/up 2304x5120
+  // m = 2 50.3 -> 41.0, m = 4 92.1 -> 73.2; down 5120x2304 m = 4 98.1 -> 70.9; m = 1 and down m = 2
+  // unchanged (22.9 -> 22.6, 39.1 -> 38.9).
+  const bool lin4_decode = F == Fmt::Fp4 && g <= kLin4DecodePairs;
   int64_t gx;
-  if (decode && cta_tiles * g * 4 < resident * 3) {
+  if (decode && (cta_tiles * g * 4 < resident * 3 || lin4_decode)) {
     // decode sizes whose CTA tiles would leave over a quarter of the resident CTAs idle (measured on
-    // H200: wo_b 5120x8192 35.3 -> 33.6 us, shared w1 16.8 -> 15.7 us without PDL): one wave of
-    // resident CTAs, the warp tiles dealt evenly over all their warps
+    // H200: wo_b 5120x8192 35.3 -> 33.6 us, shared w1 16.8 -> 15.7 us without PDL), and Lin4 banks
+    // of a few pairs (above): one wave of resident CTAs, the warp tiles dealt evenly over all their
+    // warps
     b.spread = true;
     gx = std::clamp<int64_t>(resident / g, 1, b.out_tiles);
   } else {
@@ -620,7 +633,13 @@ cudaError_t launch_one(const BlockScaledArgs& a, int64_t groups, cudaStream_t s)
   // L2 prefetch window (Lin8 at decode sizes): ~20 MB ahead over all resident warps, 1..8 chunks
   // per warp (bulk prefetches need 16-byte aligned row ranges). Measured on H200 at m = 1: Lin8
   // 0.5-1.4 us faster per call (wq_a, wkv, wq_b, shared w1/w2, engram wkv); Lin4 0.5-1 us slower
-  // (its rows are short: many small bulk requests), so the expert bank goes without.
+  // (its rows are short: many small bulk requests), so the expert bank goes without. Re-measured
+  // with the decode grid, per-tile scale ranges and windows of 20-64 MB (whole tiles ahead, carried
+  // into the next tile): still 2-3 us slower at m = 1 and 8-28 % slower at m = 4. At m = 1
+  // the FP4 bank is bound by instruction issue as much as by bytes: its unrolled chunk is ~1030
+  // SASS instructions per 256 weights and lane (per weight: 1 FFMA, 1.1 HADD2.F32, 0.56
+  // F2FP.E4M3, ~1.2 bit moves), ~8.5 us of issue at 100 % for one 6-pair bank vs ~8.7 us of
+  // copy time, so bringing the bytes in earlier does not shorten it.
   if (F == Fmt::Fp8 && decode) {
     constexpr int64_t kWindowBytes = int64_t{20} << 20;
     const int64_t block_bytes = F == Fmt::Fp8 ? 32 : 16;
@@ -705,6 +724,7 @@ namespace raw {
 cudaError_t lin8_group(const Lin8GroupArgs& g, cudaStream_t s) {
   const Lin8Args& a = g.lin[0];
   if (g.count <= 0 || a.m == 0) return cudaSuccess;
+  if (lin8_gemm_takes(g)) return lin8_gemm(g, s);  // passes of many rows (kernels/ops/lin_gemm.cu)
   BlockScaledArgs b;
   b.n_parts = std::min(g.count, kMaxParts);
   for (int p = 0; p < b.n_parts; ++p) {

@@ -5,6 +5,7 @@
 // The mix dots stage the token's streams and the mix row in shared memory and run every K part's
 // fma chain on its own thread (hc_mix_dots_staged_kernel); the Sinkhorn split runs one warp per
 // token with one comb entry per lane. Both keep each sum's order and every rounding.
+#include "ops/moe_combine.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -21,6 +22,9 @@ constexpr int kStagedThreads = 512;
 // (with the split) took under 15 µs at 1-4 tokens, and 256 tokens are 47 such waves.
 constexpr int64_t kStagedMaxTokensPartsP = 32;
 constexpr int kSplitWarps = 4;
+// The fused split (HcMixArgs::counters) serves decode steps and batched decode: a few tokens,
+// where launches dominate. Larger passes keep the separate split kernel.
+constexpr int64_t kMaxFusedTokens = 64;
 
 // hc_split_sinkhorn (src/model/ops/mhc.cpp), one thread.
 // The first `vec` pre/post elements take torch.sigmoid's vector path (HcMixArgs::rows_ref).
@@ -129,77 +133,14 @@ __global__ void hc_split_kernel(HcMixArgs a) {
   for (int64_t i = 0; i < n_mix; ++i) a.mix[t * n_mix + i] = out[i];
 }
 
-// K range [k0, k1) of part p of the mixes GEMM (HcMixArgs::k_parts; 0 = parts of 256).
-__device__ __forceinline__ void mix_part_range(const HcMixArgs& a, int64_t k, int64_t p, int64_t& k0, int64_t& k1) {
-  model::mix_gemm_part_range(k, a.k_parts, p, k0, k1);
-}
-__host__ __device__ __forceinline__ int64_t mix_parts(const HcMixArgs& a) {
-  return model::mix_gemm_part_count(a.hc * a.dim, a.k_parts);
-}
-
-// One block per (mix row, token): the token's streams and the fn row are staged in shared memory
-// (chain_swizzle layout); thread p runs part p's fma chain while the warps without a part form the
-// step partials of the stream rsqrt statistic (torch_sum order); then the first of those warps runs
-// the sum's fold cascade, and its lane 0 adds the parts in K order as the unstaged kernel does
-// (from zero for parts of 256; from part 0, stopping once K is covered, for P parts).
-__global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMixArgs a) {
-  dev::pdl_enter();
-  extern __shared__ float4 smem_f4[];
-  const int64_t i = blockIdx.x, t = blockIdx.y;
-  const int64_t k = a.hc * a.dim, n_mix = (2 + a.hc) * a.hc, rows = dev::chain_rows_size(k), parts = mix_parts(a);
-  float* sh = reinterpret_cast<float*>(smem_f4);
-  float* sw = sh + rows;
-  float* part = sw + rows;
-  float* scratch = part + (parts + 3) / 4 * 4;  // torch_sum_scratch_floats(k)
-  {
-    float* const dst[2] = {sh, sw};
-    const float* const src[2] = {a.h + t * k, a.fn + i * k};
-    dev::block_stage_swizzled<2>(dst, src, k);
-  }
-  __syncthreads();
-  const int tid = threadIdx.x, warp = tid / 32;
-  const int sum_warp = static_cast<int>((parts + 31) / 32);  // the first warp without a part
-  auto square = [&](int64_t j) {
-    const float v = sh[dev::chain_swizzle(j)];
-    return __fmul_rn(v, v);
-  };
-  if (tid < parts) {
-    int64_t k0, k1;
-    mix_part_range(a, k, tid, k0, k1);
-    part[tid] = dev::swizzled_chain_dot(sw, sh, k0, k1);
-  } else if (warp >= sum_warp) {
-    dev::torch_sum_partials(square, k, warp - sum_warp, kStagedThreads / 32 - sum_warp, scratch);
-  }
-  __syncthreads();
-  if (warp != sum_warp) return;
-  const float sum = dev::torch_sum_cascade(square, k, scratch);
-  if ((tid & 31) != 0) return;
-  const float rsqrt = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, static_cast<float>(k)), a.norm_eps)));
-  float total;
-  if (a.k_parts == 0) {
-    total = dev::ordered_sum(0.0f, part, parts);
-  } else {
-    total = part[0];
-    for (int64_t p = 1; p < parts; ++p) {
-      int64_t k0, k1;
-      mix_part_range(a, k, p, k0, k1);
-      if (k0 >= k) break;  // the reference stops once K is covered
-      total = __fadd_rn(total, part[p]);
-    }
-  }
-  a.mix[t * n_mix + i] = __fmul_rn(total, rsqrt);
-}
-
 // split_sinkhorn of one token per warp, in place: lane i < hc computes pre[i], lane hc+i post[i],
 // lane r*hc+c comb entry (r, c); row and column sums gather their hc entries by shuffles in the
 // reference's order. Needs hc*hc <= 32.
+// The whole warp calls it for token t. The mix is read with L1-bypassing loads: in the fused form
+// (hc_mix_dots_staged_kernel with counters) other blocks of the same launch wrote it.
 template <int HC>
-__global__ void hc_split_warp_kernel(HcMixArgs a) {
-  dev::pdl_enter();
+__device__ __forceinline__ void split_warp(const HcMixArgs& a, int64_t t, int lane) {
   constexpr int kNm = (2 + HC) * HC;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSplitWarps + threadIdx.x / 32;
-  if (t >= a.n) return;  // uniform per warp
-  const int lane = threadIdx.x & 31;
   float* mix = a.mix + t * kNm;
   int vec = HC;
   if (a.rows_ref >= 0) {
@@ -208,9 +149,9 @@ __global__ void hc_split_warp_kernel(HcMixArgs a) {
   }
   const float eps = a.hc_eps;
   // every read of the token's mix happens before any write
-  const float pp = lane < 2 * HC ? mix[lane] : 0.0f;
+  const float pp = lane < 2 * HC ? __ldcg(mix + lane) : 0.0f;
   const int cl = lane < HC * HC ? lane : 0;
-  float c = __fadd_rn(__fmul_rn(mix[2 * HC + cl], a.scale[2]), a.base[2 * HC + cl]);
+  float c = __fadd_rn(__fmul_rn(__ldcg(mix + 2 * HC + cl), a.scale[2]), a.base[2 * HC + cl]);
   float out_pp = 0.0f;
   if (lane < HC) {
     out_pp = __fadd_rn(dev::torch_sigmoid(__fadd_rn(__fmul_rn(pp, a.scale[0]), a.base[lane]), lane < vec), eps);
@@ -256,6 +197,106 @@ __global__ void hc_split_warp_kernel(HcMixArgs a) {
   if (lane < HC * HC) mix[2 * HC + lane] = c;
 }
 
+template <int HC>
+__global__ void hc_split_warp_kernel(HcMixArgs a) {
+  dev::pdl_enter();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSplitWarps + threadIdx.x / 32;
+  if (t >= a.n) return;  // uniform per warp
+  split_warp<HC>(a, t, threadIdx.x & 31);
+}
+
+// split_warp for a runtime hc of at most kMaxFusedSplitHc.
+constexpr int kMaxFusedSplitHc = 5;
+__device__ __forceinline__ void split_warp_any(const HcMixArgs& a, int64_t t, int lane) {
+  switch (a.hc) {
+    case 1: split_warp<1>(a, t, lane); break;
+    case 2: split_warp<2>(a, t, lane); break;
+    case 3: split_warp<3>(a, t, lane); break;
+    case 4: split_warp<4>(a, t, lane); break;
+    case 5: split_warp<5>(a, t, lane); break;
+    default: break;
+  }
+}
+
+// K range [k0, k1) of part p of the mixes GEMM (HcMixArgs::k_parts; 0 = parts of 256).
+__device__ __forceinline__ void mix_part_range(const HcMixArgs& a, int64_t k, int64_t p, int64_t& k0, int64_t& k1) {
+  model::mix_gemm_part_range(k, a.k_parts, p, k0, k1);
+}
+__host__ __device__ __forceinline__ int64_t mix_parts(const HcMixArgs& a) {
+  return model::mix_gemm_part_count(a.hc * a.dim, a.k_parts);
+}
+
+// One block per (mix row, token): the token's streams and the fn row are staged in shared memory
+// (chain_swizzle layout); thread p runs part p's fma chain while the warps without a part form the
+// step partials of the stream rsqrt statistic (torch_sum order); then the first of those warps runs
+// the sum's fold cascade, and its lane 0 adds the parts in K order as the unstaged kernel does
+// (from zero for parts of 256; from part 0, stopping once K is covered, for P parts).
+__global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMixArgs a) {
+  dev::pdl_enter();
+  extern __shared__ float4 smem_f4[];
+  const int64_t i = blockIdx.x, t = blockIdx.y;
+  const int64_t k = a.hc * a.dim, n_mix = (2 + a.hc) * a.hc, rows = dev::chain_rows_size(k), parts = mix_parts(a);
+  float* sh = reinterpret_cast<float*>(smem_f4);
+  float* sw = sh + rows;
+  float* part = sw + rows;
+  float* scratch = part + (parts + 3) / 4 * 4;  // torch_sum_scratch_floats(k)
+  {
+    float* const dst[2] = {sh, sw};
+    const float* const src[2] = {a.h + t * k, a.fn + i * k};
+    dev::block_stage_swizzled<2>(dst, src, k);
+  }
+  __syncthreads();
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int sum_warp = static_cast<int>((parts + 31) / 32);  // the first warp without a part
+  auto square = [&](int64_t j) {
+    const float v = sh[dev::chain_swizzle(j)];
+    return __fmul_rn(v, v);
+  };
+  if (tid < parts) {
+    int64_t k0, k1;
+    mix_part_range(a, k, tid, k0, k1);
+    part[tid] = dev::swizzled_chain_dot(sw, sh, k0, k1);
+  } else if (warp >= sum_warp) {
+    dev::torch_sum_partials(square, k, warp - sum_warp, kStagedThreads / 32 - sum_warp, scratch);
+  }
+  __syncthreads();
+  __shared__ unsigned s_last;
+  const int lane = tid & 31;
+  if (warp == sum_warp) {
+    const float sum = dev::torch_sum_cascade(square, k, scratch);
+    if (lane == 0) {
+      const float rsqrt = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, static_cast<float>(k)), a.norm_eps)));
+      float total;
+      if (a.k_parts == 0) {
+        total = dev::ordered_sum(0.0f, part, parts);
+      } else {
+        total = part[0];
+        for (int64_t p = 1; p < parts; ++p) {
+          int64_t k0, k1;
+          mix_part_range(a, k, p, k0, k1);
+          if (k0 >= k) break;  // the reference stops once K is covered
+          total = __fadd_rn(total, part[p]);
+        }
+      }
+      a.mix[t * n_mix + i] = __fmul_rn(total, rsqrt);
+      if (a.counters) {
+        // publish this entry, then count it: the block that brings the token's count to n_mix sees
+        // every entry of the token and runs the split; it resets the counter for the next launch
+        __threadfence();
+        s_last = atomicAdd(a.counters + t, 1u) == static_cast<unsigned>(n_mix - 1) ? 1u : 0u;
+      }
+    }
+  }
+  if (a.counters == nullptr) return;  // uniform: one launch's blocks all take one form
+  __syncthreads();
+  if (s_last == 0) return;
+  __threadfence();
+  if (warp == sum_warp) {
+    if (lane == 0) a.counters[t] = 0;
+    split_warp_any(a, t, lane);
+  }
+}
+
 __global__ void hc_collapse_kernel(HcCollapseArgs a) {
   dev::pdl_enter();
   const int64_t total = a.n * a.dim;
@@ -282,7 +323,15 @@ __global__ void hc_expand_kernel(HcExpandArgs a) {
     float* h = a.h + t * a.hc * a.dim + d;
     float res[kMaxHc];
     for (int64_t j = 0; j < a.hc; ++j) res[j] = h[j * a.dim];
-    const float y = a.y[idx];
+    float y;
+    if (a.routed) {  // moe_combine's value of (t, d)
+      y = dev::bf16_round(__fadd_rn(dev::combine_routed(a.routed, a.ids + t * a.top_k, a.top_k, a.dim, t, d), a.shared[idx]));
+      if (a.y_out) a.y_out[idx] = y;
+    } else {
+      y = a.y[idx];
+    }
+    if (a.pre_out)
+      for (int64_t j = d; j < a.hc; j += a.dim) a.pre_out[t * a.hc + j] = mix[j];
     for (int64_t k = 0; k < a.hc; ++k) {
       float s = 0.0f;
       for (int64_t j = 0; j < a.hc; ++j) s = __fadd_rn(s, __fmul_rn(comb[j * a.hc + k], res[j]));
@@ -313,8 +362,10 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
     const cudaError_t e = allow_dynamic_smem<hc_mix_dots_staged_kernel>(staged_smem);
     if (e != cudaSuccess) return e;
   }
+  const bool fused = staged && a.counters && a.n <= kMaxFusedTokens && a.hc <= kMaxFusedSplitHc;
   for (int64_t t0 = 0; t0 < a.n; t0 += 65535) {  // grid.y limit
     HcMixArgs b = a;
+    if (!fused) b.counters = nullptr;  // the split launched below
     b.n = a.n - t0 < 65535 ? a.n - t0 : 65535;
     b.h = a.h + t0 * a.hc * a.dim;
     b.mix = a.mix + t0 * (2 + a.hc) * a.hc;
@@ -324,6 +375,7 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
+  if (fused) return cudaSuccess;  // split in the dots' launch
   const unsigned split_blocks = static_cast<unsigned>((a.n + kSplitWarps - 1) / kSplitWarps);
   switch (a.hc) {
     case 1: launch_pdl(hc_split_warp_kernel<1>, split_blocks, kSplitWarps * 32, 0, s, a); break;

@@ -8,6 +8,7 @@
 // scores in registers; the combine finds the expert-id order once per block. All keep the
 // reference's order and rounding.
 #include "ops/act_quant.cuh"
+#include "ops/moe_combine.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -171,20 +172,8 @@ __global__ void moe_combine_kernel(MoeCombineArgs a) {
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = idx / a.dim, d = idx % a.dim;
-    const int32_t* ids = a.ids + t * a.top_k;
-    float y = 0.0f;
-    int last = -1;
-    // slots in increasing expert id (top_k is small: repeated minimum)
-    for (int64_t step = 0; step < a.top_k; ++step) {
-      int best = -1, best_slot = -1;
-      for (int64_t i = 0; i < a.top_k; ++i) {
-        const int e = ids[i];
-        if (e > last && (best < 0 || e < best)) best = e, best_slot = static_cast<int>(i);
-      }
-      if (best < 0) break;
-      y = __fadd_rn(y, a.routed[(t * a.top_k + best_slot) * a.dim + d]);
-      last = best;
-    }
+    // slots in increasing expert id
+    const float y = dev::combine_routed(a.routed, a.ids + t * a.top_k, a.top_k, a.dim, t, d);
     a.out[idx] = dev::bf16_round(__fadd_rn(y, a.shared[idx]));
   }
 }

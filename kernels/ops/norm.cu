@@ -8,17 +8,28 @@
 //
 // With codes/scales set, the kernel also writes ActQuant8 of its bf16-rounded output rows (the
 // input of the FP8/FP4 linears that read the normed rows): in both forms a warp writes 32
-// consecutive outputs of one row at a time, which is exactly one 32-block (d % 32 == 0).
+// consecutive outputs of one row at a time, which is exactly one 32-block (d % 32 == 0). The same
+// holds for the optional RoPE of the row's tail and QDQ8 (the attention's kv rows: one launch in
+// place of three), whose pairs and blocks lie within a warp's 32 outputs.
 #include "ops/act_quant.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
+#include "ops/rope_qdq.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = 4;  // unstaged form: one warp per row
+
+// The optional RoPE of the row's tail and QDQ8 of the normed value v at column i of row `row`
+// (RmsNormArgs::rope, qdq8). The whole warp calls it with 32 consecutive columns (d % 32 == 0).
+__device__ __forceinline__ float finish(const RmsNormArgs& a, float v, int64_t row, int64_t i) {
+  if (a.rope.freqs) v = dev::rope_tail_lane(a.rope, v, row, i, a.d);
+  if (a.qdq8) v = dev::qdq_lane(QdqKind::Q8, v);
+  return v;
+}
 
 __global__ void __launch_bounds__(kThreads) rms_norm_staged_kernel(RmsNormArgs a) {
   dev::pdl_enter();
@@ -40,9 +51,10 @@ __global__ void __launch_bounds__(kThreads) rms_norm_staged_kernel(RmsNormArgs a
   const float var = __fdiv_rn(sum, static_cast<float>(a.d));
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, a.eps)));
   for (int64_t i = threadIdx.x; i < a.d; i += kThreads) {
-    const float v = dev::bf16_round(__fmul_rn(sw[i], __fmul_rn(sx[i], r)));
+    const float v = finish(a, dev::bf16_round(__fmul_rn(sw[i], __fmul_rn(sx[i], r))), row, i);
     out[i] = v;
     if (a.codes) dev::act_quant8_store(v, row, i, a.d, a.codes, a.scales);
+    if (a.bf16_out) a.bf16_out[row * a.bf16_stride + i] = dev::f32_to_bf16_bits(v);
   }
 }
 
@@ -57,9 +69,10 @@ __global__ void rms_norm_kernel(RmsNormArgs a) {
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, a.eps)));
   __syncwarp();
   for (int64_t i = threadIdx.x & 31; i < a.d; i += 32) {
-    const float v = dev::bf16_round(__fmul_rn(a.w[i], __fmul_rn(x[i], r)));
+    const float v = finish(a, dev::bf16_round(__fmul_rn(a.w[i], __fmul_rn(x[i], r))), row, i);
     out[i] = v;
     if (a.codes) dev::act_quant8_store(v, row, i, a.d, a.codes, a.scales);
+    if (a.bf16_out) a.bf16_out[row * a.bf16_stride + i] = dev::f32_to_bf16_bits(v);
   }
 }
 

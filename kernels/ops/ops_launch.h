@@ -13,6 +13,15 @@
 namespace dsv41::ops::gpu {
 
 // ---- norms, rotary, quantise-dequantise ------------------------------------------------------
+// RoPE (forward) of the last rope_dim columns of each row of k columns, applied inside the kernel
+// that writes the rows (freqs == nullptr: none). Row r belongs to token r / row_div, whose
+// position is positions[token], or pos0 + token*pos_step without positions (as RopeArgs).
+struct RopeTail {
+  const float* freqs = nullptr;  // [rope_dim/2]
+  int64_t rope_dim = 0;
+  const int64_t* positions = nullptr;
+  int64_t pos0 = 0, pos_step = 1, row_div = 1;
+};
 struct RmsNormArgs {
   const float* x = nullptr;  // [rows][x_stride]
   int64_t x_stride = 0;
@@ -25,6 +34,14 @@ struct RmsNormArgs {
   // kernel, codes [rows][d] e4m3 bytes and scales [rows][d/32], as act_quant8 of `out` would write.
   uint8_t* codes = nullptr;
   float* scales = nullptr;
+  // Optional, for rows that RoPE and QDQ8 follow (the attention's kv rows; needs d % 32 == 0):
+  // after its bf16 rounding each output goes through rope (the tail, RopeTail) and then QDQ8
+  // (qdq8), exactly as separate rope and qdq launches over `out` would; codes then quantise that.
+  RopeTail rope{};
+  bool qdq8 = false;
+  // Optional: the final output rows also as bf16 bits (store_bf16 of `out`) at bf16_out + r*bf16_stride.
+  uint16_t* bf16_out = nullptr;
+  int64_t bf16_stride = 0;
 };
 
 struct RopeArgs {
@@ -42,6 +59,7 @@ struct QdqArgs {
   float* x = nullptr;  // [rows][stride], first k values of each row, in place
   int64_t rows = 0, k = 0, stride = 0;
   QdqKind kind = QdqKind::Q8;
+  RopeTail rope{};  // optional: RoPE of the rows' last rope_dim of k values before the QDQ
 };
 
 struct ActQuantArgs {
@@ -137,6 +155,10 @@ struct HcMixArgs {
   // halved); P in 1..32 = P parts of whole 64-element units (the first K/64 mod P one unit longer),
   // each one fma chain, added in order. At most kMaxMixParts parts.
   int64_t k_parts = 0;
+  // Optional [n] zeroed counters, left zeroed (graph-safe): with them, when the mix dots take the
+  // staged kernel, hc <= 5 and n <= 64 (decode), the last block to finish a token runs its Sinkhorn
+  // split in the same launch (one launch in place of two; the same arithmetic).
+  unsigned* counters = nullptr;
 };
 struct HcCollapseArgs {
   const float* h = nullptr;  // [n][hc][dim]
@@ -150,6 +172,16 @@ struct HcExpandArgs {
   float* h = nullptr;        // [n][hc][dim], in place
   const float* mix = nullptr;
   int64_t n = 0, hc = 0, dim = 0;
+  // Optional, the MoE site's expand (one launch in place of moe_combine, hc_expand and the pre copy):
+  // with routed set, y is not read but made here as moe_combine of (routed, ids, top_k, shared)
+  // makes it (written to y_out when set); with pre_out set, token t's first hc mix values (the next
+  // site's pre weights) go to pre_out + t*hc.
+  const float* routed = nullptr;  // [n*top_k][dim]
+  const int32_t* ids = nullptr;   // [n][top_k]
+  int64_t top_k = 0;
+  const float* shared = nullptr;  // [n][dim]
+  float* y_out = nullptr;         // [n][dim]
+  float* pre_out = nullptr;       // [n][hc]
 };
 
 // ---- MoE -----------------------------------------------------------------------------------------
@@ -285,6 +317,12 @@ struct AttnListArgs {
   int64_t start = 0, pos_base = 0, split = 0;
   const int32_t* topk = nullptr;  // [n][topk_len] or nullptr
   int64_t topk_len = 0, n_entries = 0;
+  // Optional: sparse attention's per-query pool pointers, set by the same launch (fill_pointers of
+  // pool_a_value into pool_a[n] and of pool_b_value into pool_b[n]).
+  const uint16_t** pool_a = nullptr;
+  const uint16_t* pool_a_value = nullptr;
+  const uint16_t** pool_b = nullptr;
+  const uint16_t* pool_b_value = nullptr;
 };
 // Window rows of a chunk at positions start .. start+n-1 for the prefill list layout: rows for
 // positions pos_base .. start-1 come from the ring (slot = pos % win), then the chunk's rows;

@@ -5,18 +5,10 @@
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
+#include "ops/rope_qdq.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
-
-using dev::kFp8MaxInv;
-constexpr float kFp4MaxInv = static_cast<float>(1.0 / 6.0);
-
-__device__ __forceinline__ float half_warp_max(float v) {
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(dev::kFull, v, o));
-  return v;
-}
 
 // One warp per 32-block; grid-stride over (row, block).
 __global__ void act_quant8_kernel(ActQuantArgs a) {
@@ -39,23 +31,8 @@ __global__ void qdq_kernel(QdqArgs a) {
   for (int64_t wi = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; wi < total; wi += warps) {
     const int64_t r = wi / nb, b = wi % nb;
     float* p = a.x + r * a.stride + b * 32 + lane;
-    const float x = *p;
-    float out;
-    if (a.kind == QdqKind::Q8) {
-      const float amax = fmaxf(dev::warp_max(fabsf(x)), 1e-4f);
-      const float sc = dev::pow2_ceil_scale(amax, kFp8MaxInv);
-      out = __fmul_rn(dev::e4m3_round(dev::clampf(__fdiv_rn(x, sc), -448.0f, 448.0f)), sc);
-    } else if (a.kind == QdqKind::Q4a) {
-      const float amax = fmaxf(dev::warp_max(fabsf(x)), 6.0f * 0x1p-126f);
-      const float sc = dev::pow2_ceil_scale(amax, kFp4MaxInv);
-      out = __fmul_rn(dev::e2m1_round(dev::clampf(__fdiv_rn(x, sc), -6.0f, 6.0f)), sc);
-    } else {
-      // blocks of 16: each half-warp is one block; the reference divides by the constant 6
-      const float amax = fmaxf(half_warp_max(fabsf(x)), 6.0f * 0x1p-9f);
-      const float sc = dev::e4m3_round(__fdiv_rn(amax, 6.0f));
-      out = __fmul_rn(dev::e2m1_round(dev::clampf(__fdiv_rn(x, sc), -6.0f, 6.0f)), sc);
-    }
-    *p = dev::bf16_round(out);
+    // optional RoPE of the row's tail first (the indexer's queries: one launch in place of two)
+    *p = dev::qdq_lane(a.kind, dev::rope_tail_lane(a.rope, *p, r, b * 32 + lane, a.k));
   }
 }
 

@@ -30,6 +30,11 @@ __global__ void attn_lists_kernel(AttnListArgs a) {
     }
     a.list[idx] = e;
   }
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < a.n;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (a.pool_a) a.pool_a[t] = a.pool_a_value;
+    if (a.pool_b) a.pool_b[t] = a.pool_b_value;
+  }
 }
 
 __global__ void stage_window_kernel(StageWindowArgs a, int64_t pos_base) {
@@ -51,8 +56,9 @@ unsigned elem_grid(int64_t total) {
 
 namespace raw {
 cudaError_t attn_lists(const AttnListArgs& a, cudaStream_t s) {
-  if (a.n == 0 || a.win_len + a.topk_len == 0) return cudaSuccess;
-  launch_pdl(attn_lists_kernel, elem_grid(a.n * (a.win_len + a.topk_len)), 256, 0, s, a);
+  if (a.n == 0 || (a.win_len + a.topk_len == 0 && !a.pool_a && !a.pool_b)) return cudaSuccess;
+  const int64_t total = a.n * (a.win_len + a.topk_len);
+  launch_pdl(attn_lists_kernel, elem_grid(total > a.n ? total : a.n), 256, 0, s, a);
   return cudaGetLastError();
 }
 cudaError_t stage_window(const StageWindowArgs& a, cudaStream_t s) {

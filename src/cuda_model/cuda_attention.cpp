@@ -16,6 +16,25 @@
 namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
 
+void select_index_row(const float* scores, int64_t T, int64_t n_vis, int64_t k, const ModelConfig& c,
+                      bool is_cand_src, bool uses_cand, std::vector<uint8_t>* candidates, int32_t* out) {
+  std::vector<int32_t> sel;
+  if (is_cand_src || (uses_cand && candidates && !candidates->empty())) {
+    std::vector<float> row(scores, scores + T);
+    if (is_cand_src) {
+      *candidates = candidate_mask(row, n_vis, c.candidate_topk_blocks, c.candidate_block_size);
+    } else {
+      const std::vector<uint8_t>& m = *candidates;
+      for (int64_t u = 0; u < T && u < static_cast<int64_t>(m.size()); ++u)
+        if (!m[static_cast<size_t>(u)]) row[static_cast<size_t>(u)] = -INFINITY;
+    }
+    sel = topk_sorted(row, k);
+  } else {
+    sel = topk_sorted(scores, T, k);  // no mask: straight from the downloaded scores
+  }
+  for (int64_t j = 0; j < k; ++j) out[j] = sel[static_cast<size_t>(j)] >= n_vis ? -1 : sel[static_cast<size_t>(j)];
+}
+
 gpu::CompressorWeights Impl::compressor_weights(const GpuBlock& b) const {
   const ModelConfig& c = cfg;
   gpu::CompressorWeights w;
@@ -50,6 +69,22 @@ void Impl::rope_rows(const GpuBlock& b, const gpu::RopeArgs& at, float* v, int64
   gpu::rope(r, stream);
 }
 
+// RoPE of the last rd of k columns inside the kernel that writes the rows (gpu::RopeTail): the
+// rows' 32-blocks must hold whole pairs.
+static bool rope_tail_fits(int64_t k, int64_t rd) { return k % 32 == 0 && rd > 0 && rd <= k && (k - rd) % 2 == 0 && rd % 2 == 0; }
+
+// The RopeTail of rows whose token is row / row_div, at the positions `at` gives (rope_rows').
+gpu::RopeTail Impl::rope_tail(const GpuBlock& b, const gpu::RopeArgs& at, int64_t row_div) const {
+  gpu::RopeTail t;
+  t.freqs = b.freqs.as<float>();
+  t.rope_dim = cfg.qk_rope_head_dim;
+  t.positions = at.positions;
+  t.pos0 = at.pos0;
+  t.pos_step = at.pos_step;
+  t.row_div = row_div;
+  return t;
+}
+
 // The indexer's queries and head weights of n rows (MODEL.md indexer): qi = QDQ4a(RoPE(wq_b(qr)))
 // per head into sc.qi, w = bf16(weights_proj(x) · ID^-0.5 · IH^-0.5) into sc.iw. Shared by the
 // sequence and batched-decode paths.
@@ -58,8 +93,12 @@ void Impl::index_queries(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, 
   const ModelConfig& c = cfg;
   const int64_t IH = c.index_n_heads, ID = c.index_head_dim, rd = c.qk_rope_head_dim;
   linear(b.i_wq_b, sc.qr, c.q_lora_rank, n, sc.qi, IH * ID, true, qrq);
-  rope_rows(b, at, sc.qi + ID - rd, n, IH, ID, IH * ID, false);
   gpu::QdqArgs q4{sc.qi, n * IH, ID, ID, gpu::QdqKind::Q4a};
+  if (rope_tail_fits(ID, rd)) {
+    q4.rope = rope_tail(b, at, IH);  // RoPE inside the QDQ's launch
+  } else {
+    rope_rows(b, at, sc.qi + ID - rd, n, IH, ID, IH * ID, false);
+  }
   gpu::qdq(q4, stream);
   linear(b.i_weights_proj, sc.x, c.hidden_size, n, sc.iw, IH, true, xq);
   const float wscale =
@@ -68,7 +107,8 @@ void Impl::index_queries(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, 
   gpu::scale_round(sr, stream);
 }
 
-QuantizedInput Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, const QuantizedInput& xq) {
+QuantizedInput Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, const QuantizedInput& xq,
+                                  uint16_t* kv_bits) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim, qlr = c.q_lora_rank, Hl = b.n_heads;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -81,10 +121,22 @@ QuantizedInput Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeA
   linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true, qrq);
   rope_rows(b, at, sc.q + hd - rd, n, Hl, hd, Hl * hd, false);
   gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
+  if (rope_tail_fits(hd, rd)) {  // kv_norm, RoPE, QDQ8 and the bf16 copy in one launch
+    kn.rope = rope_tail(b, at, 1);
+    kn.qdq8 = true;
+    kn.bf16_out = kv_bits;
+    kn.bf16_stride = hd;
+    gpu::rms_norm(kn, stream);
+    return qrq;
+  }
   gpu::rms_norm(kn, stream);
   rope_rows(b, at, sc.kv + hd - rd, n, 1, hd, hd, false);
   gpu::QdqArgs q8{sc.kv, n, hd, hd, gpu::QdqKind::Q8};
   gpu::qdq(q8, stream);
+  if (kv_bits) {
+    gpu::StoreBf16Args s{sc.kv, n, hd, hd, kv_bits, hd};
+    gpu::store_bf16(s, stream);
+  }
   return qrq;
 }
 
@@ -101,15 +153,16 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
 
   // ---- q, window kv (under tensor parallelism q, o hold this rank's heads only) ----
   const int64_t Hl = b.n_heads;
-  const QuantizedInput qrq = project_q_kv(b, n, at, xq);
+  // The kv rows' bf16 bits: decode, the current row into its ring slot (attention.cpp reads kv[0]
+  // for it); otherwise the chunk's rows into sc.kv_bf16 for the staged window (no decode use).
   uint16_t* ring = st.ring[static_cast<size_t>(L)].as<uint16_t>();
+  uint16_t* kv_bits = p.decode ? ring + (start % win) * hd : sc.kv_bf16;
+  DSV_ASSERT(!p.decode || n == 1, "attention: a decode pass of {} rows", n);
+  const QuantizedInput qrq = project_q_kv(b, n, at, xq, kv_bits);
   auto store = [&](const float* x, int64_t rows, uint16_t* dst) {
     gpu::StoreBf16Args s{x, rows, hd, hd, dst, hd};
     gpu::store_bf16(s, stream);
   };
-  store(sc.kv, n, sc.kv_bf16);
-  // Decode: the current row is read from its ring slot (attention.cpp reads kv[0] for it).
-  if (p.decode) store(sc.kv, 1, ring + (start % win) * hd);
 
   // ---- compressed KV and top-k ----
   const int64_t ratio = b.ratio;
@@ -184,20 +237,11 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         const int64_t k = std::min(c.index_topk, T);
         int32_t* sel_out = topk_host.data();
         parallel_for(n, [&](int64_t t0, int64_t t1) {
-          std::vector<float> row(static_cast<size_t>(T));
           for (int64_t t = t0; t < t1; ++t) {
-            std::copy_n(scores + t * T, T, row.begin());
-            const int64_t n_vis = (start + t + 1) / ratio;
-            if (is_cand_src) {
-              shared.candidates[static_cast<size_t>(t)] =
-                  candidate_mask(row, n_vis, c.candidate_topk_blocks, c.candidate_block_size);
-            } else if (uses_cand && shared.has_candidates && !shared.candidates[static_cast<size_t>(t)].empty()) {
-              const auto& m = shared.candidates[static_cast<size_t>(t)];
-              for (int64_t u = 0; u < T && u < static_cast<int64_t>(m.size()); ++u)
-                if (!m[static_cast<size_t>(u)]) row[static_cast<size_t>(u)] = -INFINITY;
-            }
-            std::vector<int32_t> sel = topk_sorted(row, k);
-            for (int64_t j = 0; j < k; ++j) sel_out[t * k + j] = sel[static_cast<size_t>(j)] >= n_vis ? -1 : sel[static_cast<size_t>(j)];
+            const auto u = static_cast<size_t>(t);
+            select_index_row(scores + t * T, T, (start + t + 1) / ratio, k, c, is_cand_src,
+                             uses_cand && shared.has_candidates, shared.has_candidates ? &shared.candidates[u] : nullptr,
+                             sel_out + t * k);
           }
         });
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(n * k) * 4, cudaMemcpyHostToDevice, stream),
@@ -236,11 +280,12 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
     gpu::stage_window(sw, stream);
     pool_a = sc.staged;
   }
+  // the pools' per-query pointers in the lists' launch
+  la.pool_a = sc.pool_a;
+  la.pool_a_value = pool_a;
+  la.pool_b = sc.pool_b;
+  la.pool_b_value = ckv ? ckv->compressed.as<uint16_t>() : nullptr;
   gpu::attn_lists(la, stream);
-  gpu::FillPointersArgs fa{sc.pool_a, n, pool_a};
-  gpu::fill_pointers(fa, stream);
-  gpu::FillPointersArgs fb{sc.pool_b, n, ckv ? ckv->compressed.as<uint16_t>() : nullptr};
-  gpu::fill_pointers(fb, stream);
 
   // ---- sparse attention, inverse RoPE ----
   gpu::SparseAttnArgs sa;

@@ -299,19 +299,13 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
             const auto u = static_cast<size_t>(i);
             if (T[u] == 0) continue;
             PassShared& shared = db.shared[u];
-            std::vector<float> row(scores + soff[u], scores + soff[u] + T[u]);
-            const int64_t n_vis = (pos(i) + 1) / ratio, k = k_row[u];
             if (is_cand_src) {
-              shared.candidates.assign(1, candidate_mask(row, n_vis, c.candidate_topk_blocks, c.candidate_block_size));
+              shared.candidates.assign(1, {});
               shared.has_candidates = true;
-            } else if (uses_cand && shared.has_candidates && !shared.candidates[0].empty()) {
-              const auto& m = shared.candidates[0];
-              for (int64_t e = 0; e < T[u] && e < static_cast<int64_t>(m.size()); ++e)
-                if (!m[static_cast<size_t>(e)]) row[static_cast<size_t>(e)] = -INFINITY;
             }
-            std::vector<int32_t> sel = topk_sorted(row, k);
-            int32_t* o = sel_out + db.topk_off[u];
-            for (int64_t j = 0; j < k; ++j) o[j] = sel[static_cast<size_t>(j)] >= n_vis ? -1 : sel[static_cast<size_t>(j)];
+            select_index_row(scores + soff[u], T[u], (pos(i) + 1) / ratio, k_row[u], c, is_cand_src,
+                             uses_cand && shared.has_candidates,
+                             shared.has_candidates ? &shared.candidates[0] : nullptr, sel_out + db.topk_off[u]);
           }
         });
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(kept) * 4, cudaMemcpyHostToDevice, stream),

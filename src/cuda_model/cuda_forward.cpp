@@ -161,6 +161,7 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
     a.t_ref0 = p.decode ? 0 : p.start;
     a.rows_ref = p.decode ? 1 : p.layout_end;
     a.k_parts = p.decode ? model::kMixGemmChunks : model::resolve_mix_gemm_parts(opts.mix_gemm_k_parts, p.layout_end);
+    a.counters = sc.mix_counters;  // the split inside the dots' launch where the kernel allows
     if (p.decode && n > 1) {
       // Batched decode: every row is row 0 of its own one-row call, whose first
       // clamp(floor(hc/16)*16, 0, hc) pre/post elements take the vector path; as hc <= 16 that is
@@ -183,6 +184,8 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
     gpu::hc_mix(a, stream);
   };
   // The normed rows sc.x, with their codes (sc.x_codes) when an FP8/FP4 linear reads them.
+  // (The collapse stays its own launch: inside the norm's one block per row, each thread's column
+  // loop would wait one memory latency per column, 20 at one token of the real model.)
   auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm, bool want_codes) {
     gpu::HcCollapseArgs a{sc.h, w, w_stride, n, hc, dim, sc.x};
     gpu::hc_collapse(a, stream);
@@ -191,18 +194,26 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
   };
   mix(b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sc.mix_a);
   attend(collapse_norm(sc.pre, hc, b.attn_norm, takes_codes(b.wq_a) || takes_codes(b.wkv)));
+  // (The attention site's expand stays its own launch: run inside the MoE site's mix, each of the
+  // mix's blocks would expand the whole row, 28.0 us against 16.3 us for the two launches at one
+  // token on the H200.)
   gpu::HcExpandArgs ea{sc.y, sc.h, sc.mix_a, n, hc, dim};
   gpu::hc_expand(ea, stream);
   mix(b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale, sc.mix_f);
   // EXL3 experts (the shared one too) read the floats; FP4 banks always read codes.
-  moe(b, n, p.decode, collapse_norm(sc.mix_a, mixw, b.ffn_norm, !b.x_experts.loaded()));
+  const bool deferred = moe(b, n, p.decode, collapse_norm(sc.mix_a, mixw, b.ffn_norm, !b.x_experts.loaded()), true);
+  // One launch: the MoE combine (when deferred) into sc.y, the expand, and pre <- the MoE site's pre
+  // weights (the first hc values of each mix row).
   gpu::HcExpandArgs ef{sc.y, sc.h, sc.mix_f, n, hc, dim};
+  if (deferred) {
+    ef.routed = sc.routed;
+    ef.ids = sc.ids;
+    ef.top_k = b.top_k;
+    ef.shared = sc.shared;
+    ef.y_out = sc.y;
+  }
+  ef.pre_out = sc.pre;
   gpu::hc_expand(ef, stream);
-  // pre <- the MoE site's pre weights (the first hc values of each mix row)
-  gpu::check_cuda(cudaMemcpy2DAsync(sc.pre, static_cast<size_t>(hc) * 4, sc.mix_f, static_cast<size_t>(mixw) * 4,
-                                    static_cast<size_t>(hc) * 4, static_cast<size_t>(n), cudaMemcpyDeviceToDevice,
-                                    stream),
-                  "pre copy");
 }
 
 // The head's fp32 logits (cpu_model.cpp head_logits) of `rows` normed rows x [rows][dim] -> y [rows][vocab]

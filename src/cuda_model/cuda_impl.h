@@ -163,6 +163,8 @@ struct Scratch {
   // Batched decode (cuda_decode_batch.cpp): the rows' positions [m], and per layer the rows' window
   // rings then their compressed-KV pools [layers][2][m] (sparse attention's per-query pools).
   int64_t* positions = nullptr;
+  // [m] zeroed counters of the mHC mix (HcMixArgs::counters): the split runs in the dots' launch.
+  unsigned* mix_counters = nullptr;
   const uint16_t** batch_pools = nullptr;
 };
 
@@ -175,6 +177,13 @@ struct PassShared {
   bool has_candidates = false;
   std::vector<std::vector<uint8_t>> candidates;  // [query] -> mask over the candidate source's entries
 };
+
+// The host part of one query's index selection, in the CPU engine's order: at the candidate source
+// layer its candidate-block mask is made (*candidates), at later layers that mask (when present)
+// sends the other entries to -inf; then the top-k set by index into out[0, k), entries at or beyond
+// the query's n_vis visible ones as -1. scores: the query's T index scores (not modified).
+void select_index_row(const float* scores, int64_t T, int64_t n_vis, int64_t k, const ModelConfig& c,
+                      bool is_cand_src, bool uses_cand, std::vector<uint8_t>* candidates, int32_t* out);
 
 // Geometry of one pass: tokens [start, start+n) of a chunk whose layout ends at layout_end.
 // decode: every row is a one-token decode step; n > 1 only in a batched decode pass (DecodeBatch),
@@ -299,11 +308,14 @@ struct Impl {
   // (at.positions, or at.pos0 + r·at.pos_step).
   void rope_rows(const GpuBlock& b, const ops::gpu::RopeArgs& at, float* v, int64_t n, int64_t vecs,
                  int64_t vec_stride, int64_t row_stride, bool inverse);
+  // RoPE of a row tail at the positions of `at`, for kernels that rotate the rows they write.
+  ops::gpu::RopeTail rope_tail(const GpuBlock& b, const ops::gpu::RopeArgs& at, int64_t row_div) const;
   // The attention's projections of n normed rows sc.x (xq: their codes, or empty): q =
   // wq_b(q_norm(wq_a x)) with RoPE into sc.q, and the window KV row QDQ8(RoPE(kv_norm(wkv x))) into
   // sc.kv. Returns the codes of the normed q latent sc.qr (the indexer's wq_b reads it too).
+  // kv_bits: when set, the KV rows' bf16 bits also go there ([n][head_dim]).
   QuantizedInput project_q_kv(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at,
-                              const QuantizedInput& xq = {});
+                              const QuantizedInput& xq = {}, uint16_t* kv_bits = nullptr);
   // The indexer's per-head queries (sc.qi) and head weights (sc.iw) of n rows; qrq / xq: the codes
   // of sc.qr / sc.x, or empty.
   void index_queries(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at, const QuantizedInput& qrq,
@@ -339,7 +351,9 @@ struct Impl {
   // exact: keep the per-pair kernels whatever the pass size (decode steps, so that a sequence's
   // tokens do not depend on how many others share its batch).
   // xq: the codes of the normed rows sc.x (empty: quantised here).
-  void moe(const GpuBlock& b, int64_t n, bool exact = false, const QuantizedInput& xq = {});
+  // defer_combine: when the layer's combine can run inside the MoE site's expand (FP4 banks), it is
+  // left to the caller (HcExpandArgs::routed) and moe returns true; sc.y is then not written.
+  bool moe(const GpuBlock& b, int64_t n, bool exact = false, const QuantizedInput& xq = {}, bool defer_combine = false);
   void attn_output(const GpuBlock& b, int64_t n);  // sc.o -> sc.y (grouped wo_a, wo_b)
   void head_logits(const float* x, int64_t rows, float* y);  // fp32 logits of normed rows
   void engram(const GpuBlock& b, const uint8_t* raw_rows, int64_t n);  // raw_rows: engram_layer_rows

@@ -563,6 +563,7 @@ void Impl::alloc_scratch() {
       {reinterpret_cast<void**>(&s.logits), m * V * f},
       {reinterpret_cast<void**>(&s.moe_sort), ops::gpu::moe_grouped_sort_ints(m * K, E) * 4},
       {reinterpret_cast<void**>(&s.positions), m * 8},
+      {reinterpret_cast<void**>(&s.mix_counters), m * 4},
       {reinterpret_cast<void**>(&s.batch_pools), c.num_hidden_layers * 2 * m * 8},
   };
   auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
@@ -575,6 +576,9 @@ void Impl::alloc_scratch() {
     *p.dst = base + off;
     off += align(std::max<int64_t>(p.bytes, 1));
   }
+  // (a memset may return before it is done: the sync keeps it ahead of any stream's first kernel)
+  ops::gpu::check_cuda(cudaMemset(s.mix_counters, 0, static_cast<size_t>(m) * 4), "mix counters zero");
+  ops::gpu::check_cuda(cudaDeviceSynchronize(), "mix counters zero");
   // Engram row slots are the identity: pass rows are staged in output order.
   if (cols > 0) {
     std::vector<int32_t> iota(static_cast<size_t>(m * cols));

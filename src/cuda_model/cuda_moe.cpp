@@ -13,7 +13,7 @@ namespace gpu = ops::gpu;
 // scaled by the routing weight, shared expert, combine in expert order. The token codes (xq, or
 // quantised here once) feed the routed gate/up banks and the shared expert's w1/w3; each SwiGLU
 // writes the codes of its output for the down projection.
-void Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& xq) {
+bool Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& xq, bool defer_combine) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, K = b.top_k, inter = c.moe_intermediate_size, pairs = n * K;
   gpu::RouterArgs r;
@@ -34,7 +34,7 @@ void Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& x
   gpu::router(r, stream);
   if (b.x_experts.loaded()) {  // EXL3: routed + shared experts in the grouped MoE kernels
     moe_exl3(b, n);
-    return;
+    return false;
   }
 
   // Tensor parallelism: this rank's bank holds experts [expert_begin, ..); other ranks' pairs get
@@ -134,8 +134,10 @@ void Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& x
   if (b.split) tp_zero(sc.shared, n * dim);
   linear(b.sh_w2, sc.sg, inter, n, sc.shared + b.sh_dim_begin, dim, true, sg_in);
   if (b.split) tp_sum(sc.shared, n * dim);
+  if (defer_combine) return true;  // sc.routed, sc.ids and sc.shared feed the caller's fused expand
   gpu::MoeCombineArgs mc{sc.routed, sc.ids, n, K, dim, sc.shared, sc.y};
   gpu::moe_combine(mc, stream);
+  return false;
 }
 
 }  // namespace dsv41::model::cuda

@@ -43,6 +43,14 @@ HcMixArgs hc_mix_args(const ModelConfig& c, const float* h, int64_t n, const flo
   return a;
 }
 
+// A RopeTail over rows of k columns: pairs inside the rows' 32-blocks (k - rope_dim even).
+static void check_rope_tail(const RopeTail& r, int64_t k, const char* op) {
+  if (!r.freqs) return;
+  DSV_CHECK(r.rope_dim > 0 && r.rope_dim % 2 == 0 && r.rope_dim <= k && (k - r.rope_dim) % 2 == 0,
+            "{}: rope_dim={} must be even, positive, and leave an even head of the {} columns", op, r.rope_dim, k);
+  DSV_CHECK(r.row_div >= 1, "{}: rope row_div={} must be positive", op, r.row_div);
+}
+
 void rms_norm(const RmsNormArgs& a, cudaStream_t s) {
   DSV_CHECK(a.rows >= 0 && a.d > 0, "rms_norm: rows={} d={}", a.rows, a.d);
   DSV_CHECK(a.rows == 0 || (a.x && a.w && a.out), "rms_norm: x, w and out must be device pointers");
@@ -50,6 +58,10 @@ void rms_norm(const RmsNormArgs& a, cudaStream_t s) {
             a.out_stride, a.d);
   DSV_CHECK(!a.codes == !a.scales, "rms_norm: codes and scales go together");
   DSV_CHECK(!a.codes || a.d % 32 == 0, "rms_norm: quantised output needs d={} to be a multiple of 32", a.d);
+  DSV_CHECK((!a.rope.freqs && !a.qdq8) || a.d % 32 == 0, "rms_norm: fused rope/qdq8 needs d={} to be a multiple of 32",
+            a.d);
+  check_rope_tail(a.rope, a.d, "rms_norm");
+  DSV_CHECK(!a.bf16_out || a.bf16_stride >= a.d, "rms_norm: bf16 copy stride {} below d={}", a.bf16_stride, a.d);
   launched(raw::rms_norm(a, s), "rms_norm launch");
 }
 
@@ -64,6 +76,7 @@ void qdq(const QdqArgs& a, cudaStream_t s) {
   DSV_CHECK(a.k > 0 && a.k % 32 == 0, "qdq: k={} must be a positive multiple of 32", a.k);
   DSV_CHECK(a.rows >= 0 && a.stride >= a.k, "qdq: rows={} stride={} k={}", a.rows, a.stride, a.k);
   DSV_CHECK(a.rows == 0 || a.x, "qdq: x must be a device pointer");
+  check_rope_tail(a.rope, a.k, "qdq");
   launched(raw::qdq(a, s), "qdq launch");
 }
 
@@ -174,7 +187,9 @@ void hc_collapse(const HcCollapseArgs& a, cudaStream_t s) {
 
 void hc_expand(const HcExpandArgs& a, cudaStream_t s) {
   DSV_CHECK(a.hc >= 1 && a.hc <= 16 && a.dim > 0 && a.n >= 0, "hc_expand: hc={} dim={}", a.hc, a.dim);
-  DSV_CHECK(a.n == 0 || (a.h && a.y && a.mix), "hc_expand: h, y and mix must be device pointers");
+  DSV_CHECK(a.n == 0 || (a.h && (a.y || a.routed) && a.mix), "hc_expand: h, y and mix must be device pointers");
+  DSV_CHECK(!a.routed || (a.top_k >= 1 && (a.n == 0 || (a.ids && a.shared))),
+            "hc_expand: the fused combine needs top_k={} >= 1, ids and shared", a.top_k);
   launched(raw::hc_expand(a, s), "hc_expand launch");
 }
 

@@ -11,7 +11,9 @@
 // take long). Exit code 1 when any comparison fails. Calls run back to back on one non-blocking
 // stream, as in the model, so programmatic dependent launch overlaps a call with the previous one.
 //
-// Usage: bench_gpu_linear [--quick]   (--quick: m = 1 only, fewer iterations)
+// Usage: bench_gpu_linear [--quick | --pairs | --gemm]   (--quick: m = 1 only, fewer iterations;
+// --gemm: the Lin8 shapes at prefill sizes, the GEMM (kernels/ops/lin_gemm.cu, each CTA tile and the
+// automatic choice) vs the GEMV kernel, in µs and TFLOP/s against the fp32 FMA ceiling)
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@
 #include "dsv41/ops/gpu_ops.h"
 #include "model/linears.h"
 #include "linear_inputs.h"
+#include "ops/lin_gemm.h"
 
 namespace {
 
@@ -229,6 +233,102 @@ void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vec
     const double us = time_calls(call, iters);
     report("lin8", name + " " + std::to_string(out) + "x" + std::to_string(in), m, us,
            double(wbytes + sbytes) + double(m * in) * 1.125 + double(m * out) * 4);
+  }
+}
+
+// ---- Lin8 at prefill sizes: GEMM vs GEMV ----------------------------------------------------------------
+constexpr double kFmaTflops = 67.0;  // H200 fp32 FMA ceiling: 132 SMs x 128 lanes x 2 flops x 1.98 GHz
+
+// Forces the Lin8 GEMM dispatch threshold and CTA tile while in scope.
+struct GemmMode {
+  int64_t rows;
+  int tile;
+  GemmMode(int64_t min_rows, int t) : rows(gpu::raw::set_lin8_gemm_min_rows(min_rows)), tile(gpu::raw::set_lin8_gemm_tile(t)) {}
+  ~GemmMode() {
+    gpu::raw::set_lin8_gemm_min_rows(rows);
+    gpu::raw::set_lin8_gemm_tile(tile);
+  }
+};
+
+void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std::vector<int64_t>& ms, int iters) {
+  const int64_t snb = in / 32;
+  const size_t wbytes = static_cast<size_t>(in * out), sbytes = static_cast<size_t>(((out + 31) / 32) * snb);
+  const int copies = static_cast<int>(std::max<size_t>(1, (kRotateBytes + wbytes - 1) / wbytes));
+  const std::vector<uint8_t> codes = e4m3_bytes(wbytes, in * 7 + out);
+  const std::vector<uint8_t> scales = e8m0_bytes(sbytes, in + out * 3);
+  DeviceBuffer dw(wbytes * copies), ds(sbytes * copies);
+  for (int c = 0; c < copies; ++c) {
+    dw.upload(codes.data(), wbytes, wbytes * c);
+    ds.upload(scales.data(), sbytes, sbytes * c);
+  }
+  TempDir tmp;
+  SafetensorsWriter wr;
+  wr.add("w.weight", DType::F8_E4M3, {out, in}, codes);
+  wr.add("w.scale", DType::F8_E8M0, {(out + 31) / 32, snb}, scales);
+  wr.write(tmp.dir + "/w.safetensors");
+  auto ck = Checkpoint::open(tmp.dir);
+  auto lin = model::load_linear(*ck, "w", in, out);
+  const std::string shape = name + " " + std::to_string(out) + "x" + std::to_string(in);
+  for (int64_t m : ms) {
+    const std::vector<float> x = bf16_values(static_cast<size_t>(m * in), m * 31 + in, 124, 6);
+    QuantAct qa(x, m, in);
+    DeviceBuffer y_gemv(static_cast<size_t>(m * out) * 4), y_gemm(static_cast<size_t>(m * out) * 4);
+    gpu::Lin8Args a;
+    a.x_codes = qa.codes.as<uint8_t>();
+    a.x_scales = qa.scales.as<float>();
+    a.m = m;
+    a.y_stride = out;
+    auto call = [&](int i) {
+      const int c = i % copies;
+      a.w = {dw.as<uint8_t>() + wbytes * c, ds.as<uint8_t>() + sbytes * c, in, out};
+      gpu::lin8(a, g_stream);
+    };
+    const int n_it = std::max(3, static_cast<int>(iters * 256 / std::max<int64_t>(m, 256)));
+    const double flops = 2.0 * double(m) * double(in) * double(out);
+    auto line = [&](const std::string& path, double us) {
+      const double tf = flops / (us * 1e6);
+      std::printf("gemm   %-30s m=%-5lld %-9s %9.2f us/call %7.2f TFLOP/s %5.1f %% of fp32 FMA\n", shape.c_str(),
+                  static_cast<long long>(m), path.c_str(), us, tf, 100.0 * tf / kFmaTflops);
+      std::fflush(stdout);
+    };
+    double us_gemv;
+    {
+      GemmMode mode(std::numeric_limits<int64_t>::max(), 0);
+      a.y = y_gemv.as<float>();
+      call(0);
+      gpu::check_cuda(cudaDeviceSynchronize(), "lin8 gemv");
+      us_gemv = time_calls(call, n_it);
+    }
+    // the GEMV kernel against the CPU on some rows, every forced GEMM tile against it on all outputs
+    const std::vector<float> ref = y_gemv.to_host<float>(static_cast<size_t>(m * out));
+    const std::vector<int64_t> rows = checked_rows(m);
+    std::vector<float> xs(rows.size() * in), want(rows.size() * out);
+    for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&x[rows[i] * in], in, &xs[i * in]);
+    model::linear_bf16(*lin, xs.data(), static_cast<int64_t>(rows.size()), want.data());
+    check_rows("lin8 gemv " + name + " m=" + std::to_string(m), ref, out, 0, rows, want, out);
+    size_t bad = 0;
+    for (int tile = 1; tile <= 5; ++tile) {
+      GemmMode mode(1, tile);
+      a.y = y_gemm.as<float>();
+      gpu::check_cuda(cudaMemset(y_gemm.get(), 0xFF, static_cast<size_t>(m * out) * 4), "poison");
+      call(0);
+      gpu::check_cuda(cudaDeviceSynchronize(), "lin8 gemm");
+      const std::vector<float> got = y_gemm.to_host<float>(static_cast<size_t>(m * out));
+      for (size_t i = 0; i < got.size(); ++i) bad += std::memcmp(&got[i], &ref[i], 4) != 0;
+    }
+    std::printf("  check %-40s %s (%zu of 5 x %zu outputs differ from the GEMV kernel)\n",
+                ("lin8 gemm tiles " + name + " m=" + std::to_string(m)).c_str(), bad ? "FAILED" : "ok", bad, ref.size());
+    if (bad) ++g_failures;
+    line("gemv", us_gemv);
+    for (int tile = 1; tile <= 5; ++tile) {
+      GemmMode mode(1, tile);
+      static const char* const kNames[] = {"", "64x64", "128x64", "128x128", "64x64/k4", "32x64/k8"};
+      line(kNames[tile], time_calls(call, n_it));
+    }
+    {  // the default dispatch: GEMM (tile by the time model) or GEMV
+      GemmMode mode(gpu::raw::kLin8GemmMinRows, 0);
+      line("dispatch", time_calls(call, n_it));
+    }
   }
 }
 
@@ -563,6 +663,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   // --pairs: only the linears that share an input, as two calls and as one grouped launch
   const bool pairs_only = argc > 1 && std::string(argv[1]) == "--pairs";
+  const bool gemm_only = argc > 1 && std::string(argv[1]) == "--gemm";
   try {
     const ModelConfig c = load_model_config(std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json");
     cudaDeviceProp prop{};
@@ -575,6 +676,19 @@ int main(int argc, char** argv) {
     const int64_t dim = c.hidden_size, qlr = c.q_lora_rank, hd = c.head_dim, H = c.num_attention_heads;
     const int64_t inter = c.moe_intermediate_size, K = c.num_experts_per_tok, E = c.n_routed_experts;
 
+    if (gemm_only) {
+      const std::vector<int64_t> mg = {16, 32, 64, 256, 1024};
+      bench_lin8_gemm("wq_b", qlr, H * hd, mg, 10);
+      bench_lin8_gemm("wo_b", c.o_groups * c.o_lora_rank, dim, mg, 10);
+      bench_lin8_gemm("wq_a", dim, qlr, mg, 10);
+      bench_lin8_gemm("wkv", dim, hd, mg, 10);
+      bench_lin8_gemm("shared w1", dim, inter, mg, 10);
+      bench_lin8_gemm("shared w2", inter, dim, mg, 10);
+      bench_lin8_gemm("index wq_b", qlr, c.index_n_heads * c.index_head_dim, mg, 10);
+      bench_lin8_gemm("engram wkv", c.n_engram_columns() * c.engram_head_dim, dim * (c.hc_mult + 1), mg, 10);
+      std::printf("comparisons failed: %d\n", g_failures);
+      return g_failures ? 1 : 0;
+    }
     bench_lin4_pair("w1+w3", dim, inter, E, K, ms_decode, it);
     bench_lin8_pair("wq_a+wkv", dim, qlr, hd, ms, it);
     bench_lin8_pair("shared w1+w3", dim, inter, inter, ms, it);

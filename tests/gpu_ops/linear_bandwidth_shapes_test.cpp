@@ -126,6 +126,18 @@ TEST(GpuLinearBandwidth, Lin4SharedExperts) {
   lin4_case("decode tall", 64, 17000, 8, {3, 0, -1, 5, 1, 6}, 6, true);
   // two tokens picking overlapping experts, an empty slot, an id past the bank (both zero rows)
   lin4_case("batch2", 512, 96, 8, {3, 0, 7, 5, 1, 6, 0, 3, -1, 5, 2, 8}, 6, true);
+  // decode batches over a larger bank (rows of one per read): the Lin4 decode grid deals the tiles
+  // of all pairs over one wave of warps (at 24 pairs on 132 SMs some warps take two tiles), several
+  // K chunks (in = 1280: 5 chunks of 8 blocks), a ragged last tile; an empty slot
+  {
+    std::vector<int32_t> ids;
+    for (int t = 0; t < 4; ++t)
+      for (int k = 0; k < 6; ++k) ids.push_back(static_cast<int32_t>((t * 7 + k * 4) % 25));
+    ids[9] = -1;
+    lin4_case("decode batch4", 1280, 2900, 25, ids, 6, true);
+    ids.resize(12);
+    lin4_case("decode batch2 down", 1280, 1500, 25, ids, 1, true);
+  }
   // rows in (8, 64]: groups of two, an expert used three times (a leftover single)
   {
     std::vector<int32_t> ids;

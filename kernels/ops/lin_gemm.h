@@ -1,0 +1,33 @@
+// Register-tiled CUDA-core GEMM for Lin8 calls of many rows (prefill passes), kernels/ops/lin_gemm.cu.
+// raw::lin8_group sends a call here when lin8_gemm_takes() says so; every output is bit-identical
+// to the GEMV kernel (kernels/ops/lin_fp8.cu) and to the CPU reference's Lin8.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/ops_launch.h"
+
+namespace dsv41::ops::gpu::raw {
+
+// Rows from which a Lin8 call may run as a GEMM (measured on H200: below it the GEMV kernel, which
+// reads the weights once per 4 rows, is faster on every real shape); from it the GEMM is taken where
+// its time model beats the GEMV kernel's. DSV41_LIN8_GEMM_MIN_ROWS overrides it at start.
+constexpr int64_t kLin8GemmMinRows = 32;
+
+// Whether lin8_group hands this call to lin8_gemm: m >= the minimum rows, 16-byte aligned codes and
+// (unless a tile is forced) a shorter modelled time than the GEMV kernel's.
+bool lin8_gemm_takes(const Lin8GroupArgs& g);
+// The GEMM for a group of up to kLinGroupMax Lin8s over the same input codes (any m >= 1).
+cudaError_t lin8_gemm(const Lin8GroupArgs& g, cudaStream_t s);
+
+// Test and benchmark hooks (process-wide). set_lin8_gemm_min_rows: the dispatch threshold (a huge
+// value keeps every call on the GEMV kernel); returns the previous value.
+int64_t set_lin8_gemm_min_rows(int64_t m);
+// CTA tile of lin8_gemm (rows x outputs): 0 = chosen per call by the time model (and then
+// lin8_gemm_takes also weighs the GEMV kernel), 1 = 64x64, 2 = 128x64, 3 = 128x128, 4 = 64x64 with K
+// split over 4 warp groups, 5 = 32x64 with K split over 8; DSV41_LIN8_GEMM_TILE sets it at start.
+// Returns the previous value.
+int set_lin8_gemm_tile(int tile);
+
+}  // namespace dsv41::ops::gpu::raw

@@ -273,29 +273,11 @@ __global__ void __launch_bounds__(kT) dense_tiled_kernel(DenseArgs a) {
       if (r < nr) a.y[(r0 + r) * a.y_stride + g * out + o] = a.round_bf16 ? dev::bf16_round(total[r]) : total[r];
 }
 
-int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      n <= 0)
-    return 132;
-  return n;
-}
-
 // Shared-memory opt-in of one variant, once per device (tensor-parallel processes drive several).
 template <class W, int R, int S>
 cudaError_t configure_tiled() {
   static std::atomic<uint64_t> configured{0};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (configured.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  e = cudaFuncSetAttribute(dense_tiled_kernel<W, R, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           TileShape<W, R, S>::kBytes);
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(dense_tiled_kernel<W, R, S>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-  if (e == cudaSuccess) configured.fetch_or(bit, std::memory_order_acq_rel);
-  return e;
+  return allow_smem(dense_tiled_kernel<W, R, S>, TileShape<W, R, S>::kBytes, configured);
 }
 // Every variant at the first launch on a device, so that an eager call before a graph capture covers
 // the variants a captured call may pick.

@@ -523,28 +523,6 @@ __global__ void __launch_bounds__(kThreads, 2) block_scaled_kernel(BlockScaledAr
 }
 
 // ---- launch ---------------------------------------------------------------------------------------
-int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      n <= 0)
-    return 132;
-  return n;
-}
-
-// Opt-in to more than 48 KB of dynamic shared memory, once per kernel and device (the attribute is
-// per device; tensor-parallel processes drive several).
-template <class K>
-cudaError_t allow_smem(K kernel, size_t bytes, std::atomic<uint64_t>& done) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_acq_rel);
-  return e;
-}
 template <Fmt F, int R, int NO>
 std::atomic<uint64_t>& configured() {
   static std::atomic<uint64_t> done{0};

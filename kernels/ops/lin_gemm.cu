@@ -118,6 +118,35 @@ struct Fetch {
   uint32_t wsb;
 };
 
+// One staged K block s (Stage layout) for thread (ty, tx): the 8 x 8 tile's 32-long fma chains from
+// zero in K order (rows 4ty..4ty+3 and BM/2+4ty.., outputs 4tx..4tx+3 and BN/2+4tx..), and the tile
+// rows' activation scales. Shared by the unsplit and split-K kernels.
+template <int BM, int BN>
+__device__ __forceinline__ void block_chains(const float* s, int ty, int tx, float (&part)[kTM][kTN],
+                                             float (&xsv)[kTM]) {
+  using S = Stage<BM, BN>;
+  const float* sa = s + S::kA + 4 * ty;
+  const float* sb = s + S::kB + 4 * tx;
+#pragma unroll
+  for (int k = 0; k < kKB; ++k) {
+    const float4 a0 = *reinterpret_cast<const float4*>(sa + k * BM);
+    const float4 a1 = *reinterpret_cast<const float4*>(sa + k * BM + BM / 2);
+    const float4 b0 = *reinterpret_cast<const float4*>(sb + k * BN);
+    const float4 b1 = *reinterpret_cast<const float4*>(sb + k * BN + BN / 2);
+    const float av[kTM] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const float bv[kTN] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+    for (int i = 0; i < kTM; ++i)
+#pragma unroll
+      for (int j = 0; j < kTN; ++j) part[i][j] = fmaf(av[i], bv[j], k == 0 ? 0.0f : part[i][j]);
+  }
+  const float4 x0 = *reinterpret_cast<const float4*>(s + S::kXs + 4 * ty);
+  const float4 x1 = *reinterpret_cast<const float4*>(s + S::kXs + BM / 2 + 4 * ty);
+  const float v[kTM] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+  for (int i = 0; i < kTM; ++i) xsv[i] = v[i];
+}
+
 template <int BM, int BN>
 __global__ void __launch_bounds__(BM * BN / (kTM * kTN), 1) lin8_gemm_kernel(GemmArgs a) {
   constexpr int kT = BM * BN / (kTM * kTN);
@@ -204,26 +233,9 @@ __global__ void __launch_bounds__(BM * BN / (kTM * kTN), 1) lin8_gemm_kernel(Gem
     const bool more = kb + 1 < nb;
     if (more) fetch_w(f, kb + 1), fetch_x(f, kb + 1);
     const float* s = smem + st * S::kFloats;
-    const float* sa = s + S::kA + 4 * ty;
-    const float* sb = s + S::kB + 4 * tx;
-    float part[kTM][kTN];
-#pragma unroll
-    for (int k = 0; k < kKB; ++k) {
-      const float4 a0 = *reinterpret_cast<const float4*>(sa + k * BM);
-      const float4 a1 = *reinterpret_cast<const float4*>(sa + k * BM + BM / 2);
-      const float4 b0 = *reinterpret_cast<const float4*>(sb + k * BN);
-      const float4 b1 = *reinterpret_cast<const float4*>(sb + k * BN + BN / 2);
-      const float av[kTM] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      const float bv[kTN] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-      for (int i = 0; i < kTM; ++i)
-#pragma unroll
-        for (int j = 0; j < kTN; ++j) part[i][j] = fmaf(av[i], bv[j], k == 0 ? 0.0f : part[i][j]);
-    }
+    float part[kTM][kTN], xsv[kTM];
+    block_chains<BM, BN>(s, ty, tx, part, xsv);
     // fold the block: acc += (part * act_scale) * w_scale, the reference's order
-    const float4 x0 = *reinterpret_cast<const float4*>(s + S::kXs + 4 * ty);
-    const float4 x1 = *reinterpret_cast<const float4*>(s + S::kXs + BM / 2 + 4 * ty);
-    const float xsv[kTM] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     const float w0 = s[S::kWs + (4 * tx) / 32], w1 = s[S::kWs + (BN / 2 + 4 * tx) / 32];
 #pragma unroll
     for (int i = 0; i < kTM; ++i)
@@ -370,25 +382,8 @@ __global__ void __launch_bounds__(SplitLayout<BM, BN, S>::kT, 1) lin8_gemm_split
     const bool more = r + 1 < rounds;
     if (more) fetch_w(f, r + 1), fetch_x(f, r + 1);
     {
-      const float* sa = sg + St::kA + 4 * ty;
-      const float* sb = sg + St::kB + 4 * tx;
-      float part[kTM][kTN];
-#pragma unroll
-      for (int k = 0; k < kKB; ++k) {
-        const float4 a0 = *reinterpret_cast<const float4*>(sa + k * BM);
-        const float4 a1 = *reinterpret_cast<const float4*>(sa + k * BM + BM / 2);
-        const float4 b0 = *reinterpret_cast<const float4*>(sb + k * BN);
-        const float4 b1 = *reinterpret_cast<const float4*>(sb + k * BN + BN / 2);
-        const float av[kTM] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-        const float bv[kTN] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-        for (int i = 0; i < kTM; ++i)
-#pragma unroll
-          for (int j = 0; j < kTN; ++j) part[i][j] = fmaf(av[i], bv[j], k == 0 ? 0.0f : part[i][j]);
-      }
-      const float4 x0 = *reinterpret_cast<const float4*>(sg + St::kXs + 4 * ty);
-      const float4 x1 = *reinterpret_cast<const float4*>(sg + St::kXs + BM / 2 + 4 * ty);
-      const float xsv[kTM] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      float part[kTM][kTN], xsv[kTM];
+      block_chains<BM, BN>(sg, ty, tx, part, xsv);
       const float w0 = sg[St::kWs + (4 * tx) / 32], w1 = sg[St::kWs + (BN / 2 + 4 * tx) / 32];
       float* tg = terms + g * (BM * BN);
 #pragma unroll
@@ -467,27 +462,6 @@ bool split_allowed() {
   return on;
 }
 
-int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      n <= 0)
-    return 132;
-  return n;
-}
-
-// Opt-in to a kernel's dynamic shared memory, once per device.
-template <class K>
-cudaError_t allow_smem(K kernel, size_t bytes, std::atomic<uint64_t>& done) {
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t{1} << (dev & 63);
-  if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_acq_rel);
-  return e;
-}
 
 // Every variant at the first call on a device (an eager pass before any graph capture then covers
 // the tiles a captured call may pick).

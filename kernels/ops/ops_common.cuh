@@ -9,6 +9,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace dsv41::ops::gpu::dev {
@@ -450,6 +451,31 @@ inline cudaError_t allow_dynamic_smem(size_t bytes) {
   const cudaError_t restore = cudaThreadExchangeStreamCaptureMode(&mode);
   if (e == cudaSuccess) e = restore;
   if (e == cudaSuccess && dev >= 0 && dev < 64) configured[dev] = bytes;
+  return e;
+}
+
+// SMs of the current device (132, the H200's count, when it cannot be read).
+inline int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      n <= 0)
+    return 132;
+  return n;
+}
+
+// Opt-in to more than 48 KB of dynamic shared memory with the largest shared-memory carveout, once
+// per kernel and device (`done`: that kernel's bit per device; the attribute is per device, and
+// tensor-parallel processes drive several).
+template <class K>
+inline cudaError_t allow_smem(K kernel, size_t bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+  if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_acq_rel);
   return e;
 }
 

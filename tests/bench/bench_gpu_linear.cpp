@@ -189,24 +189,47 @@ void report(const std::string& kernel, const std::string& shape, int64_t m, doub
 }
 
 // ---- Lin8 -------------------------------------------------------------------------------------------
-void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vector<int64_t>& ms, int iters) {
-  const int64_t snb = (in + 31) / 32;
-  const size_t wbytes = static_cast<size_t>(in * out), sbytes = static_cast<size_t>(((out + 31) / 32) * snb);
-  const int copies = static_cast<int>(std::max<size_t>(1, (kRotateBytes + wbytes - 1) / wbytes));
-  const std::vector<uint8_t> codes = e4m3_bytes(wbytes, in * 7 + out);
-  const std::vector<uint8_t> scales = e8m0_bytes(sbytes, in + out * 3);
-  DeviceBuffer dw(wbytes * copies), ds(sbytes * copies);
-  for (int c = 0; c < copies; ++c) {
-    dw.upload(codes.data(), wbytes, wbytes * c);
-    ds.upload(scales.data(), sbytes, sbytes * c);
-  }
+// A random out x in Lin8 weight: `copies` device copies, rotated through so that calls read DRAM
+// rather than L2, and the same weight as the CPU engine's linear (the reference of every check).
+struct Lin8Weight {
+  int64_t in, out;
+  size_t wbytes, sbytes;
+  int copies;
+  DeviceBuffer dw, ds;
   TempDir tmp;
-  SafetensorsWriter wr;
-  wr.add("w.weight", DType::F8_E4M3, {out, in}, codes);
-  wr.add("w.scale", DType::F8_E8M0, {(out + 31) / 32, snb}, scales);
-  wr.write(tmp.dir + "/w.safetensors");
-  auto ck = Checkpoint::open(tmp.dir);
-  auto lin = model::load_linear(*ck, "w", in, out);
+  std::unique_ptr<Checkpoint> ck;
+  std::unique_ptr<Linear> lin;
+  Lin8Weight(int64_t in_, int64_t out_, int64_t salt = 0)
+      : in(in_),
+        out(out_),
+        wbytes(static_cast<size_t>(in * out)),
+        sbytes(static_cast<size_t>(((out + 31) / 32) * ((in + 31) / 32))),
+        copies(static_cast<int>(std::max<size_t>(1, (kRotateBytes + wbytes - 1) / wbytes))),
+        dw(wbytes * copies),
+        ds(sbytes * copies) {
+    const std::vector<uint8_t> codes = e4m3_bytes(wbytes, in * 7 + out + salt);
+    const std::vector<uint8_t> scales = e8m0_bytes(sbytes, in + out * 3 + salt);
+    for (int c = 0; c < copies; ++c) {
+      dw.upload(codes.data(), wbytes, wbytes * c);
+      ds.upload(scales.data(), sbytes, sbytes * c);
+    }
+    SafetensorsWriter wr;
+    wr.add("w.weight", DType::F8_E4M3, {out, in}, codes);
+    wr.add("w.scale", DType::F8_E8M0, {(out + 31) / 32, (in + 31) / 32}, scales);
+    wr.write(tmp.dir + "/w.safetensors");
+    ck = Checkpoint::open(tmp.dir);
+    lin = model::load_linear(*ck, "w", in, out);
+  }
+  // Device copy i % copies of the weight.
+  gpu::Fp8Weight at(int i) const {
+    const int c = i % copies;
+    return {dw.as<uint8_t>() + wbytes * c, ds.as<uint8_t>() + sbytes * c, in, out};
+  }
+};
+
+void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vector<int64_t>& ms, int iters) {
+  const Lin8Weight wt(in, out);
+  const size_t wbytes = wt.wbytes, sbytes = wt.sbytes;
   for (int64_t m : ms) {
     const std::vector<float> x = bf16_values(static_cast<size_t>(m * in), m * 31 + in, 124, 6);
     QuantAct qa(x, m, in);
@@ -218,8 +241,7 @@ void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vec
     a.y = dy.as<float>();
     a.y_stride = out;
     auto call = [&](int i) {
-      const int c = i % copies;
-      a.w = {dw.as<uint8_t>() + wbytes * c, ds.as<uint8_t>() + sbytes * c, in, out};
+      a.w = wt.at(i);
       gpu::lin8(a, g_stream);
     };
     call(0);
@@ -227,7 +249,7 @@ void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vec
     const std::vector<int64_t> rows = checked_rows(m);
     std::vector<float> xs(rows.size() * in), want(rows.size() * out);
     for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&x[rows[i] * in], in, &xs[i * in]);
-    model::linear_bf16(*lin, xs.data(), static_cast<int64_t>(rows.size()), want.data());
+    model::linear_bf16(*wt.lin, xs.data(), static_cast<int64_t>(rows.size()), want.data());
     check_rows("lin8 " + name + " m=" + std::to_string(m), dy.to_host<float>(static_cast<size_t>(m * out)), out, 0,
                rows, want, out);
     const double us = time_calls(call, iters);
@@ -251,23 +273,7 @@ struct GemmMode {
 };
 
 void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std::vector<int64_t>& ms, int iters) {
-  const int64_t snb = in / 32;
-  const size_t wbytes = static_cast<size_t>(in * out), sbytes = static_cast<size_t>(((out + 31) / 32) * snb);
-  const int copies = static_cast<int>(std::max<size_t>(1, (kRotateBytes + wbytes - 1) / wbytes));
-  const std::vector<uint8_t> codes = e4m3_bytes(wbytes, in * 7 + out);
-  const std::vector<uint8_t> scales = e8m0_bytes(sbytes, in + out * 3);
-  DeviceBuffer dw(wbytes * copies), ds(sbytes * copies);
-  for (int c = 0; c < copies; ++c) {
-    dw.upload(codes.data(), wbytes, wbytes * c);
-    ds.upload(scales.data(), sbytes, sbytes * c);
-  }
-  TempDir tmp;
-  SafetensorsWriter wr;
-  wr.add("w.weight", DType::F8_E4M3, {out, in}, codes);
-  wr.add("w.scale", DType::F8_E8M0, {(out + 31) / 32, snb}, scales);
-  wr.write(tmp.dir + "/w.safetensors");
-  auto ck = Checkpoint::open(tmp.dir);
-  auto lin = model::load_linear(*ck, "w", in, out);
+  const Lin8Weight wt(in, out);
   const std::string shape = name + " " + std::to_string(out) + "x" + std::to_string(in);
   for (int64_t m : ms) {
     const std::vector<float> x = bf16_values(static_cast<size_t>(m * in), m * 31 + in, 124, 6);
@@ -279,8 +285,7 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
     a.m = m;
     a.y_stride = out;
     auto call = [&](int i) {
-      const int c = i % copies;
-      a.w = {dw.as<uint8_t>() + wbytes * c, ds.as<uint8_t>() + sbytes * c, in, out};
+      a.w = wt.at(i);
       gpu::lin8(a, g_stream);
     };
     const int n_it = std::max(3, static_cast<int>(iters * 256 / std::max<int64_t>(m, 256)));
@@ -304,7 +309,7 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
     const std::vector<int64_t> rows = checked_rows(m);
     std::vector<float> xs(rows.size() * in), want(rows.size() * out);
     for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&x[rows[i] * in], in, &xs[i * in]);
-    model::linear_bf16(*lin, xs.data(), static_cast<int64_t>(rows.size()), want.data());
+    model::linear_bf16(*wt.lin, xs.data(), static_cast<int64_t>(rows.size()), want.data());
     check_rows("lin8 gemv " + name + " m=" + std::to_string(m), ref, out, 0, rows, want, out);
     size_t bad = 0;
     for (int tile = 1; tile <= 5; ++tile) {
@@ -337,21 +342,9 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
 // outputs required; the separate calls are checked against the CPU in bench_lin8).
 void bench_lin8_pair(const std::string& name, int64_t in, int64_t out1, int64_t out2, const std::vector<int64_t>& ms,
                      int iters) {
-  const int64_t snb = (in + 31) / 32, outs[2] = {out1, out2};
-  size_t wbytes[2], sbytes[2];
-  for (int p = 0; p < 2; ++p) wbytes[p] = static_cast<size_t>(in * outs[p]), sbytes[p] = static_cast<size_t>(((outs[p] + 31) / 32) * snb);
-  const int copies = static_cast<int>(std::max<size_t>(1, (kRotateBytes + wbytes[0] + wbytes[1] - 1) / (wbytes[0] + wbytes[1])));
-  std::vector<DeviceBuffer> dw, ds;
-  for (int p = 0; p < 2; ++p) {
-    const std::vector<uint8_t> codes = e4m3_bytes(wbytes[p], in * 7 + outs[p] + p);
-    const std::vector<uint8_t> scales = e8m0_bytes(sbytes[p], in + outs[p] * 3 + p);
-    dw.emplace_back(wbytes[p] * copies);
-    ds.emplace_back(sbytes[p] * copies);
-    for (int c = 0; c < copies; ++c) {
-      dw[p].upload(codes.data(), wbytes[p], wbytes[p] * c);
-      ds[p].upload(scales.data(), sbytes[p], sbytes[p] * c);
-    }
-  }
+  const int64_t outs[2] = {out1, out2};
+  const Lin8Weight w0(in, out1, 0), w1(in, out2, 1);
+  const Lin8Weight* wts[2] = {&w0, &w1};
   for (int64_t m : ms) {
     const std::vector<float> x = bf16_values(static_cast<size_t>(m * in), m * 31 + in, 124, 6);
     QuantAct qa(x, m, in);
@@ -366,9 +359,8 @@ void bench_lin8_pair(const std::string& name, int64_t in, int64_t out1, int64_t 
       g.lin[p].y_stride = outs[p];
     }
     auto set = [&](int i, DeviceBuffer* ys) {
-      const int c = i % copies;
       for (int p = 0; p < 2; ++p) {
-        g.lin[p].w = {dw[p].as<uint8_t>() + wbytes[p] * c, ds[p].as<uint8_t>() + sbytes[p] * c, in, outs[p]};
+        g.lin[p].w = wts[p]->at(i);
         g.lin[p].y = ys[p].as<float>();
       }
     };
@@ -394,7 +386,7 @@ void bench_lin8_pair(const std::string& name, int64_t in, int64_t out1, int64_t 
     std::printf("  check %-40s %s (%zu/%zu bit-identical to separate calls)\n", ("lin8 pair " + name + " m=" + std::to_string(m)).c_str(),
                 bad ? "FAILED" : "ok", total - bad, total);
     if (bad) ++g_failures;
-    const double bytes = double(wbytes[0] + wbytes[1] + sbytes[0] + sbytes[1]) + double(m * in) * 1.125 +
+    const double bytes = double(w0.wbytes + w1.wbytes + w0.sbytes + w1.sbytes) + double(m * in) * 1.125 +
                          double(m * (out1 + out2)) * 4;
     const std::string shape = name + " " + std::to_string(out1) + "+" + std::to_string(out2) + "x" + std::to_string(in);
     report("lin8x2", shape + " separate", m, time_calls(separate, iters), bytes);

@@ -25,7 +25,8 @@
 //    output is computed whole (full-K dot products, as at TP 1) into a zeroed buffer and the ranks
 //    all-reduce it, so every value is the TP 1 value plus exact zeros. Engram, the mHC, norms,
 //    routers, compressors and indexers are replicated. Not split yet: EXL3 checkpoints, DSpark.
-// Not covered yet: CUDA graphs / batched decode.
+//  - One-token decode steps of several sequences in one forward(batch) call run as one pass; CUDA graphs of
+//    decode steps are optional (cuda_graphs below).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -3,8 +3,11 @@
 // pre/post sigmoids use PyTorch's vectorised exp where the reference's elementwise kernel does.
 //
 // The mix dots stage the token's streams and the mix row in shared memory and run every K part's
-// fma chain on its own thread (hc_mix_dots_staged_kernel); the Sinkhorn split runs one warp per
-// token with one comb entry per lane. Both keep each sum's order and every rounding.
+// fma chain on its own thread (hc_mix_dots_staged_kernel); prefill passes of 64 or more tokens
+// take the register-tiled chain GEMM (hc_mix_dots_tiled_kernel, ops/chain_gemm.cuh). The Sinkhorn
+// split runs one warp per token with one comb entry per lane. All keep each sum's order and every
+// rounding.
+#include "ops/chain_gemm.cuh"
 #include "ops/moe_combine.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
@@ -297,6 +300,51 @@ __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMi
   }
 }
 
+// Prefill passes (n >= kTiledMinTokens): the mix dots as one register-tiled chain GEMM
+// (ops/chain_gemm.cuh) over tiles of kMixTile::T tokens x kMixTile::R mix rows, every K part's
+// chain in the reference's order, the parts added as hc_mix_dots_kernel adds them (from zero for
+// parts of 256; from part 0 for the other orders, `parts` counting only those before K is covered).
+// The tile's tokens' rsqrt statistics come first, each by the whole block (torch_sum partials and
+// cascade, bit-identical to warp_torch_sum), once per token and row tile (one row tile covers the
+// mix rows up to hc = 4).
+constexpr int64_t kTiledMinTokens = 64;
+constexpr int kMixTiledMaxWarps = 16;
+using MixTile = dev::ChainTile<1, 3>;
+__host__ __device__ inline int64_t mix_tiled_smem_floats(int64_t k, int nw) {
+  return MixTile::smem_floats(nw) + dev::torch_sum_scratch_floats(k) + 2 * MixTile::T;
+}
+
+__global__ void hc_mix_dots_tiled_kernel(HcMixArgs a, int64_t parts) {
+  dev::pdl_enter();
+  extern __shared__ float4 smem_f4[];
+  float* smem = reinterpret_cast<float*>(smem_f4);
+  constexpr int T = MixTile::T, R = MixTile::R;
+  const int64_t k = a.hc * a.dim, n_mix = (2 + a.hc) * a.hc;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * T, r0 = static_cast<int64_t>(blockIdx.y) * R;
+  const int nw = static_cast<int>(blockDim.x / 32);
+  float* scratch = smem + MixTile::smem_floats(nw);
+  float* sums = scratch + dev::torch_sum_scratch_floats(k);
+  float* rsqrt = sums + T;
+  for (int tt = 0; tt < T && t0 + tt < a.n; ++tt) {  // uniform over the block
+    const float* h = a.h + (t0 + tt) * k;
+    auto square = [&](int64_t j) {
+      const float v = h[j];
+      return __fmul_rn(v, v);
+    };
+    dev::block_torch_sum(square, k, scratch, sums + tt);
+  }
+  if (threadIdx.x < T && t0 + threadIdx.x < a.n)
+    rsqrt[threadIdx.x] =
+        __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sums[threadIdx.x], static_cast<float>(k)), a.norm_eps)));
+  auto range = [&](int64_t p, int64_t& k0, int64_t& k1) { model::mix_gemm_part_range(k, a.k_parts, p, k0, k1); };
+  // the totals' last barrier also publishes rsqrt
+  const float* tot = dev::chain_tile_totals<1, 3>(a.h, a.n, a.fn, n_mix, k, t0, r0, parts, range, a.k_parts != 0, smem);
+  for (int o = threadIdx.x; o < T * R; o += blockDim.x) {
+    const int64_t t = t0 + o / R, i = r0 + o % R;
+    if (t < a.n && i < n_mix) a.mix[t * n_mix + i] = __fmul_rn(tot[o], rsqrt[o / R]);
+  }
+}
+
 __global__ void hc_collapse_kernel(HcCollapseArgs a) {
   dev::pdl_enter();
   const int64_t total = a.n * a.dim;
@@ -351,6 +399,29 @@ namespace raw {
 cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
   const int64_t k = a.hc * a.dim, parts = mix_parts(a);
+  // the parts before K is covered (the reference stops adding there)
+  int64_t live_parts = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    int64_t k0, k1;
+    model::mix_gemm_part_range(k, a.k_parts, p, k0, k1);
+    if (k0 >= k) break;
+    live_parts = p + 1;
+  }
+  const int tiled_warps = dev::chain_warps(live_parts, kMixTiledMaxWarps);
+  const size_t tiled_smem = static_cast<size_t>(mix_tiled_smem_floats(k, tiled_warps)) * sizeof(float);
+  const bool tiled = a.n >= kTiledMinTokens && live_parts > 0 && tiled_smem <= kMaxStagedSmem;
+  if (tiled) {
+    cudaError_t e = allow_dynamic_smem<hc_mix_dots_tiled_kernel>(tiled_smem);
+    if (e != cudaSuccess) return e;
+    const int64_t n_mix = (2 + a.hc) * a.hc;
+    const dim3 grid(static_cast<unsigned>((a.n + MixTile::T - 1) / MixTile::T),
+                    static_cast<unsigned>((n_mix + MixTile::R - 1) / MixTile::R));
+    HcMixArgs b = a;
+    b.counters = nullptr;  // the split launched below
+    launch_pdl(hc_mix_dots_tiled_kernel, grid, tiled_warps * 32, tiled_smem, s, b, live_parts);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
   const size_t staged_smem =
       static_cast<size_t>(2 * ((k + 255) / 256 * 256) + (parts + 3) / 4 * 4 + dev::torch_sum_scratch_floats(k)) * sizeof(float);
   // The staged chains read float4-aligned starts: the blocked order's second half starts at
@@ -358,12 +429,12 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
   const bool aligned_parts = a.k_parts != model::kMixGemmBlocked || k % 8 == 0;
   const bool staged = (a.k_parts == 0 || a.n <= kStagedMaxTokensPartsP) && parts <= kStagedThreads - 32 &&
                       staged_smem <= kMaxStagedSmem && aligned_parts;
-  if (staged) {
+  if (staged && !tiled) {
     const cudaError_t e = allow_dynamic_smem<hc_mix_dots_staged_kernel>(staged_smem);
     if (e != cudaSuccess) return e;
   }
-  const bool fused = staged && a.counters && a.n <= kMaxFusedTokens && a.hc <= kMaxFusedSplitHc;
-  for (int64_t t0 = 0; t0 < a.n; t0 += 65535) {  // grid.y limit
+  const bool fused = !tiled && !a.raw_dots && staged && a.counters && a.n <= kMaxFusedTokens && a.hc <= kMaxFusedSplitHc;
+  for (int64_t t0 = tiled ? a.n : 0; t0 < a.n; t0 += 65535) {  // grid.y limit
     HcMixArgs b = a;
     if (!fused) b.counters = nullptr;  // the split launched below
     b.n = a.n - t0 < 65535 ? a.n - t0 : 65535;
@@ -375,7 +446,7 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  if (fused) return cudaSuccess;  // split in the dots' launch
+  if (fused || a.raw_dots) return cudaSuccess;  // split in the dots' launch, or not wanted
   const unsigned split_blocks = static_cast<unsigned>((a.n + kSplitWarps - 1) / kSplitWarps);
   switch (a.hc) {
     case 1: launch_pdl(hc_split_warp_kernel<1>, split_blocks, kSplitWarps * 32, 0, s, a); break;

@@ -4,10 +4,12 @@
 // expert, one bf16 rounding).
 //
 // The gate GEMV stages the gate row and the token in shared memory (chain_swizzle layout) and runs
-// each 256-wide K block's fma chain on its own thread; selection keeps each lane's candidate
+// each 256-wide K block's fma chain on its own thread (prefill passes of 64 or more tokens: the
+// register-tiled chain GEMM of ops/chain_gemm.cuh); selection keeps each lane's candidate
 // scores in registers; the combine finds the expert-id order once per block. All keep the
 // reference's order and rounding.
 #include "ops/act_quant.cuh"
+#include "ops/chain_gemm.cuh"
 #include "ops/moe_combine.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
@@ -67,6 +69,31 @@ __global__ void __launch_bounds__(kScoreThreads) router_scores_staged_kernel(Rou
     }
     __syncthreads();  // also: the next token's staging starts after every chain has read sx
     if (threadIdx.x == 0) store_score(a, t, e, dev::ordered_sum(0.0f, part, blocks));
+  }
+}
+
+// Prefill passes (n >= kScoreTiledMinTokens): the gate logits as one register-tiled chain GEMM
+// (ops/chain_gemm.cuh) over tiles of RouterTile::T tokens x RouterTile::R experts: each 256-wide
+// K block's fma chain from zero (gemm_dot_f32), the blocks added in K order from zero, then
+// store_score.
+constexpr int64_t kScoreTiledMinTokens = 64;
+constexpr int kScoreTiledMaxWarps = 5;
+using RouterTile = dev::ChainTile<4, 4>;
+__global__ void router_scores_tiled_kernel(RouterArgs a) {
+  dev::pdl_enter();
+  extern __shared__ float4 smem_f4[];
+  constexpr int T = RouterTile::T, R = RouterTile::R;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * T, e0 = static_cast<int64_t>(blockIdx.y) * R;
+  const int64_t blocks = (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
+  auto range = [&](int64_t p, int64_t& k0, int64_t& k1) {
+    k0 = p * dev::kGemmKBlock;
+    k1 = k0 + dev::kGemmKBlock < a.dim ? k0 + dev::kGemmKBlock : a.dim;
+  };
+  const float* tot = dev::chain_tile_totals<4, 4>(a.x, a.n, a.gate_w, a.n_experts, a.dim, t0, e0, blocks, range, false,
+                                                  reinterpret_cast<float*>(smem_f4));
+  for (int o = threadIdx.x; o < T * R; o += blockDim.x) {
+    const int64_t t = t0 + o / R, e = e0 + o % R;
+    if (t < a.n && e < a.n_experts) store_score(a, t, e, tot[o]);
   }
 }
 
@@ -230,7 +257,20 @@ cudaError_t router(const RouterArgs& a, cudaStream_t s) {
   const size_t staged_smem =
       static_cast<size_t>(2 * ((a.dim + 255) / 256 * 256) + (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock) * sizeof(float);
   const bool staged = staged_smem <= kMaxStagedSmem;
-  if (staged) {
+  const int64_t k_blocks = (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
+  const int tiled_warps = dev::chain_warps(k_blocks, kScoreTiledMaxWarps);
+  const size_t tiled_smem = static_cast<size_t>(RouterTile::smem_floats(tiled_warps)) * sizeof(float);
+  const bool tiled = a.n >= kScoreTiledMinTokens && k_blocks > 0 && tiled_smem <= kMaxStagedSmem;
+  if (tiled) {  // every token's scores in one launch; the selection below per slice
+    cudaError_t e = allow_dynamic_smem<router_scores_tiled_kernel>(tiled_smem);
+    if (e != cudaSuccess) return e;
+    const dim3 grid(static_cast<unsigned>((a.n + RouterTile::T - 1) / RouterTile::T),
+                    static_cast<unsigned>((a.n_experts + RouterTile::R - 1) / RouterTile::R));
+    launch_pdl(router_scores_tiled_kernel, grid, tiled_warps * 32, tiled_smem, s, a);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (staged && !tiled) {
     const cudaError_t e = allow_dynamic_smem<router_scores_staged_kernel>(staged_smem);
     if (e != cudaSuccess) return e;
   }
@@ -242,7 +282,9 @@ cudaError_t router(const RouterArgs& a, cudaStream_t s) {
     b.ids = a.ids + t0 * a.top_k;
     b.weights = a.weights + t0 * a.top_k;
     b.scratch = a.scratch + t0 * 2 * a.n_experts;
-    if (staged) {
+    if (tiled) {
+      // scores made above
+    } else if (staged) {
       const dim3 grid(static_cast<unsigned>(a.n_experts), static_cast<unsigned>((b.n + tokens_per_block - 1) / tokens_per_block));
       launch_pdl(router_scores_staged_kernel, grid, kScoreThreads, staged_smem, s, b, tokens_per_block);
     } else {

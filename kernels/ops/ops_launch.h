@@ -159,6 +159,9 @@ struct HcMixArgs {
   // staged kernel, hc <= 5 and n <= 64 (decode), the last block to finish a token runs its Sinkhorn
   // split in the same launch (one launch in place of two; the same arithmetic).
   unsigned* counters = nullptr;
+  // true: only the dots (a.mix gets the raw scaled mixes, no Sinkhorn split); for op tests of the
+  // dots' exact order.
+  bool raw_dots = false;
 };
 struct HcCollapseArgs {
   const float* h = nullptr;  // [n][hc][dim]

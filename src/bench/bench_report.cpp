@@ -42,8 +42,33 @@ Json counts_json(const ProfileCounts& c, int64_t steps, int64_t batch, size_t to
     for (size_t i = 0; i < c.kernels.size() && i < top; ++i)
       ks.push_back({{"name", c.kernels[i].name}, {"count", c.kernels[i].count}, {"ms", c.kernels[i].total_ns * 1e-6}});
     j["kernels"] = ks;
+    // totals over the profiled steps, like kernel_ms; idle_ms_per_step divides by the steps
+    Json gj;
+    gj["idle_ms"] = c.idle_ns * 1e-6;
+    gj["idle_ms_per_step"] = c.idle_ns * 1e-6 / static_cast<double>(steps);
+    gj["gaps"] = c.idle_gaps;
+    Json top_gaps = Json::array();
+    for (size_t i = 0; i < c.gaps.size() && i < top; ++i)
+      top_gaps.push_back({{"after", c.gaps[i].after},
+                          {"before", c.gaps[i].before},
+                          {"count", c.gaps[i].count},
+                          {"total_us", c.gaps[i].total_ns * 1e-3},
+                          {"max_us", c.gaps[i].max_ns * 1e-3}});
+    gj["largest"] = top_gaps;
+    j["idle_gaps"] = gj;
   }
   return j;
+}
+
+// The idle-gap report of one profiled stretch: total and the largest groups (after X, before Y).
+std::string gap_lines(const ProfileCounts& c, double steps, size_t top) {
+  std::string s;
+  for (size_t i = 0; i < c.gaps.size() && i < top; ++i) {
+    const IdleGap& gp = c.gaps[i];
+    s += fmt::format("    after {:<30} before {:<30} {:>6.1f} gaps {:>9.1f} us  (max {:.1f} us)\n", gp.after, gp.before,
+                     static_cast<double>(gp.count) / steps, gp.total_ns * 1e-3 / steps, gp.max_ns * 1e-3);
+  }
+  return s;
 }
 
 std::string kernel_lines(const ProfileCounts& c, double denom_ms, size_t top, const char* unit) {
@@ -100,6 +125,14 @@ std::string format_decode(const DecodeReport& r) {
                      100.0 * w.counts->busy_ns * 1e-6 / per / step_ms,
                      static_cast<double>(w.counts->kernels_executed) / per);
     s += kernel_lines(*w.counts, w.counts->busy_ns * 1e-6, 6, "busy");
+  }
+  for (const DecodeRow& w : r.rows) {
+    if (!w.counts || !w.counts->has_activity) continue;
+    const double per = static_cast<double>(w.profiled_steps);
+    s += fmt::format("idle gaps, batch {} context {}: GPU idle {:.3f} ms per step in {:.1f} gaps between busy "
+                     "intervals (from the first to the last of the profiled steps); per step, largest first:\n",
+                     w.batch, w.context, w.counts->idle_ns * 1e-6 / per, static_cast<double>(w.counts->idle_gaps) / per);
+    s += gap_lines(*w.counts, per, 10);
   }
   if (r.opts.spec_tokens > 0) {
     s += fmt::format("speculation: DSpark drafts + verify forwards, accepts simulated at rate {:.3f} ({})\n",

@@ -31,7 +31,18 @@ struct Collected {
   std::atomic<int64_t> launches{0}, graph_launches{0}, copies{0}, syncs{0};
   std::mutex mu;
   std::map<std::string, KernelStat> kernels;
-  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  struct Interval {
+    uint64_t start, end;
+    int32_t name;  // index into names
+  };
+  std::vector<Interval> intervals;
+  std::vector<std::string> names;
+  std::map<std::string, int32_t> name_ids;
+  int32_t name_id(const std::string& n) {
+    auto [it, fresh] = name_ids.emplace(n, static_cast<int32_t>(names.size()));
+    if (fresh) names.push_back(n);
+    return it->second;
+  }
   int64_t kernels_executed = 0, graph_kernels = 0;
   double kernel_ns = 0, copy_ns = 0;
 };
@@ -131,11 +142,15 @@ void CUPTIAPI on_buffer_complete(CUcontext, uint32_t, uint8_t* buffer, size_t, s
         g.kernel_ns += static_cast<double>(k->end - k->start);
         ++g.kernels_executed;
         if (k->graphId != 0) ++g.graph_kernels;  // a node of a launched graph
-        g.intervals.emplace_back(k->start, k->end);
+        g.intervals.push_back({k->start, k->end, g.name_id(name)});
       } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
         g.copy_ns += static_cast<double>(m->end - m->start);
-        g.intervals.emplace_back(m->start, m->end);
+        const char* kind = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "copy HtoD"
+                           : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "copy DtoH"
+                           : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOD ? "copy DtoD"
+                                                                             : "copy";
+        g.intervals.push_back({m->start, m->end, g.name_id(kind)});
       }
     }
   }
@@ -208,6 +223,8 @@ void KernelProfiler::start() {
     std::lock_guard<std::mutex> lock(g.mu);
     g.kernels.clear();
     g.intervals.clear();
+    g.names.clear();
+    g.name_ids.clear();
     g.kernels_executed = 0;
     g.graph_kernels = 0;
     g.kernel_ns = g.copy_ns = 0;
@@ -242,20 +259,45 @@ ProfileCounts KernelProfiler::stop() {
   out.kernel_ns = g.kernel_ns;
   out.copy_ns = g.copy_ns;
   auto iv = g.intervals;
-  std::sort(iv.begin(), iv.end());
+  std::sort(iv.begin(), iv.end(), [](const Collected::Interval& a, const Collected::Interval& b) {
+    return a.start != b.start ? a.start < b.start : a.end < b.end;
+  });
+  // Merge overlapping intervals (PDL lets a kernel start before its predecessor ends); every
+  // stretch between two merged intervals is an idle gap, named by the work that ended last before
+  // it and the work that starts after it.
+  std::map<std::pair<int32_t, int32_t>, IdleGap> gaps;
   uint64_t cur_s = 0, cur_e = 0;
+  int32_t cur_last = -1;  // name of the interval that ends the current merged stretch
   bool open = false;
-  for (const auto& [s, e] : iv) {
-    if (open && s <= cur_e) {
-      cur_e = std::max(cur_e, e);
+  for (const auto& v : iv) {
+    if (open && v.start <= cur_e) {
+      if (v.end >= cur_e) cur_last = v.name;
+      cur_e = std::max(cur_e, v.end);
       continue;
     }
-    if (open) out.busy_ns += static_cast<double>(cur_e - cur_s);
-    cur_s = s;
-    cur_e = e;
+    if (open) {
+      out.busy_ns += static_cast<double>(cur_e - cur_s);
+      const double gap = static_cast<double>(v.start - cur_e);
+      IdleGap& gp = gaps[{cur_last, v.name}];
+      ++gp.count;
+      gp.total_ns += gap;
+      gp.max_ns = std::max(gp.max_ns, gap);
+      out.idle_ns += gap;
+      ++out.idle_gaps;
+    }
+    cur_s = v.start;
+    cur_e = v.end;
+    cur_last = v.name;
     open = true;
   }
   if (open) out.busy_ns += static_cast<double>(cur_e - cur_s);
+  for (auto& [key, gp] : gaps) {
+    gp.after = g.names[static_cast<size_t>(key.first)];
+    gp.before = g.names[static_cast<size_t>(key.second)];
+    out.gaps.push_back(std::move(gp));
+  }
+  std::sort(out.gaps.begin(), out.gaps.end(),
+            [](const IdleGap& a, const IdleGap& b) { return a.total_ns > b.total_ns; });
   for (const auto& [name, st] : g.kernels) out.kernels.push_back(st);
   std::sort(out.kernels.begin(), out.kernels.end(),
             [](const KernelStat& a, const KernelStat& b) { return a.total_ns > b.total_ns; });

@@ -23,6 +23,17 @@ struct KernelStat {
   double total_ns = 0;
 };
 
+// Idle gaps of the GPU: the stretches between consecutive busy intervals (kernels and copies,
+// overlaps merged), grouped by the work that ended before the gap and the work that started after
+// it, so the host work that holds the GPU up can be located in the step.
+struct IdleGap {
+  std::string after;   // kernel or copy that ended last before the gap
+  std::string before;  // kernel or copy that started the next busy interval
+  int64_t count = 0;
+  double total_ns = 0;
+  double max_ns = 0;
+};
+
 struct ProfileCounts {
   int64_t launches = 0;         // runtime API kernel launches (with CUDA graphs: also those captured into a graph)
   int64_t graph_launches = 0;   // cudaGraphLaunch calls (each runs a captured segment of kernels)
@@ -35,6 +46,9 @@ struct ProfileCounts {
   double copy_ns = 0;           // sum of copy durations
   double busy_ns = 0;           // union of kernel and copy intervals (GPU busy time)
   std::vector<KernelStat> kernels;  // by total time, largest first
+  double idle_ns = 0;               // sum of the gaps between the first and the last busy interval
+  int64_t idle_gaps = 0;            // number of those gaps
+  std::vector<IdleGap> gaps;        // grouped by (after, before), by total time, largest first
 };
 
 class KernelProfiler {

@@ -109,15 +109,28 @@ void Impl::index_queries(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, 
 
 QuantizedInput Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, const QuantizedInput& xq,
                                   uint16_t* kv_bits) {
+  const QuantizedInput qrq = project_q_latent(b, n, xq);
+  project_q_rest(b, n, at, qrq, kv_bits);
+  return qrq;
+}
+
+QuantizedInput Impl::project_q_latent(const GpuBlock& b, int64_t n, const QuantizedInput& xq) {
   const ModelConfig& c = cfg;
-  const int64_t dim = c.hidden_size, hd = c.head_dim, rd = c.qk_rope_head_dim, qlr = c.q_lora_rank, Hl = b.n_heads;
+  const int64_t dim = c.hidden_size, hd = c.head_dim, qlr = c.q_lora_rank;
   const float eps = static_cast<float>(c.rms_norm_eps);
   // wq_a and wkv read the same rows: one grouped launch when both are FP8 (see linear_pair)
   linear_pair(b.wq_a, sc.qr, qlr, b.wkv, sc.kv, hd, sc.x, dim, n, true, xq);
   // q_norm writes the codes of the q latent for wq_b and the indexer's wq_b (kept in sc.qr_codes).
   gpu::RmsNormArgs qn{sc.qr, qlr, b.q_norm.as<float>(), sc.qr, qlr, n, qlr, eps};
   const bool qr_codes = takes_codes(b.wq_b) || (b.has_indexer && takes_codes(b.i_wq_b));
-  const QuantizedInput qrq = rms_norm_rows(qn, qr_codes, sc.qr_codes, sc.qr_scales);
+  return rms_norm_rows(qn, qr_codes, sc.qr_codes, sc.qr_scales);
+}
+
+void Impl::project_q_rest(const GpuBlock& b, int64_t n, const gpu::RopeArgs& at, const QuantizedInput& qrq,
+                          uint16_t* kv_bits) {
+  const ModelConfig& c = cfg;
+  const int64_t hd = c.head_dim, rd = c.qk_rope_head_dim, qlr = c.q_lora_rank, Hl = b.n_heads;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   linear(b.wq_b, sc.qr, qlr, n, sc.q, Hl * hd, true, qrq);
   rope_rows(b, at, sc.q + hd - rd, n, Hl, hd, Hl * hd, false);
   gpu::RmsNormArgs kn{sc.kv, hd, b.kv_norm.as<float>(), sc.kv, hd, n, hd, eps};
@@ -127,7 +140,7 @@ QuantizedInput Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeA
     kn.bf16_out = kv_bits;
     kn.bf16_stride = hd;
     gpu::rms_norm(kn, stream);
-    return qrq;
+    return;
   }
   gpu::rms_norm(kn, stream);
   rope_rows(b, at, sc.kv + hd - rd, n, 1, hd, hd, false);
@@ -137,7 +150,6 @@ QuantizedInput Impl::project_q_kv(const GpuBlock& b, int64_t n, const gpu::RopeA
     gpu::StoreBf16Args s{sc.kv, n, hd, hd, kv_bits, hd};
     gpu::store_bf16(s, stream);
   }
-  return qrq;
 }
 
 void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, const Pass& p, const QuantizedInput& xq) {
@@ -158,7 +170,15 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   uint16_t* ring = st.ring[static_cast<size_t>(L)].as<uint16_t>();
   uint16_t* kv_bits = p.decode ? ring + (start % win) * hd : sc.kv_bf16;
   DSV_ASSERT(!p.decode || n == 1, "attention: a decode pass of {} rows", n);
-  const QuantizedInput qrq = project_q_kv(b, n, at, xq, kv_bits);
+  // An eager decode step whose layer stops at the top-k host point issues wq_b, q's RoPE and the
+  // window KV row after the index scores' download: nothing up to the host point reads them (the
+  // compressor reads sc.x, the indexer sc.qr's codes and the keys), the list and attention kernels
+  // after it do, so the GPU computes them while the host waits for the scores and selects the
+  // top-k. The same kernels on the same inputs, in another order: the results are unchanged.
+  const bool host_topk = b.ratio > 0 && b.has_indexer && (p.decode ? end : p.layout_end) / b.ratio > 0;
+  const bool defer_rest = p.decode && host_topk && host_point_can_defer();
+  const QuantizedInput qrq = project_q_latent(b, n, xq);
+  if (!defer_rest) project_q_rest(b, n, at, qrq, kv_bits);
   auto store = [&](const float* x, int64_t rows, uint16_t* dst) {
     gpu::StoreBf16Args s{x, rows, hd, hd, dst, hd};
     gpu::store_bf16(s, stream);
@@ -229,7 +249,16 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         gpu::check_cuda(cudaMemcpyAsync(scores, sc.scores, static_cast<size_t>(n * T) * 4, cudaMemcpyDeviceToHost,
                                         stream),
                         "index scores download");
-        host_point_sync("index scores");  // a decode step's graph segment ends here (cuda_step.cpp)
+        auto t_host = host_phases.now();
+        if (defer_rest) {
+          host_point_mark();
+          project_q_rest(b, n, at, qrq, kv_bits);
+          t_host = host_phases.now();  // the launches stay in the layers' issue time
+          host_point_wait("index scores");  // the GPU goes on with project_q_rest meanwhile
+        } else {
+          host_point_sync("index scores");  // a decode step's graph segment ends here (cuda_step.cpp)
+        }
+        if (p.decode) t_host = host_phases.add(HostPhase::TopkWait, t_host);
         if (is_cand_src) {
           shared.candidates.assign(static_cast<size_t>(n), {});
           shared.has_candidates = true;
@@ -247,6 +276,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(n * k) * 4, cudaMemcpyHostToDevice, stream),
                         "top-k upload");
         host_point_resume();  // the next graph segment starts after the eager upload
+        if (p.decode) host_phases.add(HostPhase::TopkHost, t_host);
         shared.topk_len = k;
       }
     }

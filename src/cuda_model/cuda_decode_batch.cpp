@@ -110,7 +110,7 @@ void Impl::forward_decode_batch(std::span<ForwardItem* const> items) {
     logits.push_back(it->logits);
   }
   for (std::vector<float>* l : logits)
-    if (l) l->assign(static_cast<size_t>(V), 0.0f);
+    if (l) l->resize(static_cast<size_t>(V));  // all V written by the download (forward() does the same)
   run_decode_pass(db, tokens.data(), logits);
 }
 
@@ -119,16 +119,33 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
   const int64_t n = db.rows(), V = c.vocab_size, N = c.engram_max_ngram_size, layers = c.num_hidden_layers;
   db.shared.assign(static_cast<size_t>(n), {});
   db.topk_off.assign(static_cast<size_t>(n), 0);
+  // Host phases of the step (DSV41_HOST_PHASES=1; cuda_host_phases.h).
+  HostPhaseTimer* ph = host_phases.on() ? &host_phases : nullptr;
+  auto t_ph = ph ? ph->now() : HostPhaseTimer::Clock::time_point{};
+  auto phase = [&](HostPhase k) {
+    if (ph) t_ph = ph->add(k, t_ph);
+  };
 
-  // ---- Engram: row t's n-gram window is its token, then its own sequence's history ----
-  EngramPass eng = engram_prepare(n, [&](int64_t t, int64_t* hist) {
-    const std::vector<int64_t>& h = db.seqs[static_cast<size_t>(t)]->engram_history;
-    const int64_t hlen = static_cast<int64_t>(h.size());
-    for (int64_t k = 0; k < N; ++k)
-      hist[k] = k == 0 ? token_map[static_cast<size_t>(tokens[t])] : k <= hlen ? h[static_cast<size_t>(hlen - k)] : -1;
-  });
-
-  engram_stage(eng, n);
+  // ---- Engram: row t's n-gram window is its token, then its own sequence's history. Hashes and
+  // rows before the graph capture in a graph step; in an eager step right before the first Engram
+  // layer, so the GPU runs the layers before it meanwhile (run_pass does the same) ----
+  StepGraphs* graph = decode_graphs();
+  EngramPass eng;
+  bool engram_staged = false;
+  auto stage_engram = [&] {
+    if (engram_staged) return;
+    engram_staged = true;
+    eng = engram_prepare(n, [&](int64_t t, int64_t* hist) {
+      const std::vector<int64_t>& h = db.seqs[static_cast<size_t>(t)]->engram_history;
+      const int64_t hlen = static_cast<int64_t>(h.size());
+      for (int64_t k = 0; k < N; ++k)
+        hist[k] = k == 0 ? token_map[static_cast<size_t>(tokens[t])] : k <= hlen ? h[static_cast<size_t>(hlen - k)] : -1;
+    });
+    phase(HostPhase::EngramPrepare);
+    engram_stage(eng, n);
+    phase(HostPhase::EngramStage);
+  };
+  if (graph) stage_engram();
 
   // ---- the rows' positions and, per layer, their attention pools (one upload each) ----
   gpu::check_cuda(cudaMemcpyAsync(sc.positions, db.pos.data(), static_cast<size_t>(n) * 8, cudaMemcpyHostToDevice,
@@ -148,19 +165,29 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
                   "attention pools upload");
 
   // ---- the step's kernels, in CUDA graphs when on (bucket: the row count) ----
-  StepGraphs* graph = decode_graphs();
   StepGraphGuard graph_guard(graph);
   upload_embed_inputs(tokens, n);
+  phase(HostPhase::Uploads);
   if (graph) graph->begin(n);
   embed_kernel(n);
+  const double topk_ms0 = ph ? ph->total(HostPhase::TopkWait) + ph->total(HostPhase::TopkHost) : 0.0;
   const Pass p{0, n, 0, true};
   for (int64_t L = 0; L < layers; ++L) {
     const GpuBlock& b = blocks[static_cast<size_t>(L)];
     // Each layer its own graph segment: the GPU runs the previous layer while this one is captured.
     if (graph && L > 0) graph->split();
-    if (b.has_engram) engram(b, engram_layer_rows(b.engram_index, n), n);
+    if (b.has_engram) {
+      if (ph) phase(HostPhase::LayerIssue);
+      stage_engram();
+      engram(b, engram_layer_rows(b.engram_index, n), n);
+    }
     if (dspark) dspark_capture_tap(*this, L, n);
     block_forward(b, p, [&](const QuantizedInput& xq) { attention_batch(b, db, xq); });
+  }
+
+  if (ph) {  // the top-k host points inside the layers are their own phases
+    phase(HostPhase::LayerIssue);
+    ph->exclude(HostPhase::LayerIssue, ph->total(HostPhase::TopkWait) + ph->total(HostPhase::TopkHost) - topk_ms0);
   }
 
   // ---- head over every row when any item wants logits (one read of the head) ----
@@ -177,7 +204,10 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
                       "logits download");
     }
   }
+  phase(HostPhase::HeadIssue);
   gpu::check_cuda(cudaStreamSynchronize(stream), "batched decode");
+  phase(HostPhase::FinalSync);
+  if (ph) ph->end_step(n);
 
   for (int64_t i = 0; i < n; ++i) {
     CudaSeqState& st = *db.seqs[static_cast<size_t>(i)];
@@ -203,12 +233,23 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
 
   // ---- q, window kv: row-wise; each row into its own ring slot ----
   const int64_t Hl = b.n_heads;
-  const QuantizedInput qrq = project_q_kv(b, n, at, xq);
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t* ring = seq(i).ring[static_cast<size_t>(L)].as<uint16_t>();
-    gpu::StoreBf16Args s{sc.kv + i * hd, 1, hd, hd, ring + (pos(i) % win) * hd, hd};
-    gpu::store_bf16(s, stream);
-  }
+  // An eager step whose layer stops at the top-k host point issues wq_b, q's RoPE and the window
+  // KV rows after the index scores' download, so the GPU computes them while the host waits and
+  // selects (Impl::attention: nothing before the host point reads them; results unchanged).
+  bool host_topk = false;
+  if (b.ratio > 0 && b.has_indexer)
+    for (int64_t i = 0; i < n; ++i) host_topk = host_topk || (pos(i) + 1) / b.ratio > 0;
+  const bool defer_rest = host_topk && host_point_can_defer();
+  const QuantizedInput qrq = project_q_latent(b, n, xq);
+  auto project_rest = [&] {
+    project_q_rest(b, n, at, qrq, nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t* ring = seq(i).ring[static_cast<size_t>(L)].as<uint16_t>();
+      gpu::StoreBf16Args s{sc.kv + i * hd, 1, hd, hd, ring + (pos(i) % win) * hd, hd};
+      gpu::store_bf16(s, stream);
+    }
+  };
+  if (!defer_rest) project_rest();
 
   // ---- compressed KV and top-k ----
   const int64_t ratio = b.ratio;
@@ -292,7 +333,16 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
         float* scores = scores_host.data();
         gpu::check_cuda(cudaMemcpyAsync(scores, sc.scores, static_cast<size_t>(total) * 4, cudaMemcpyDeviceToHost, stream),
                         "index scores download");
-        host_point_sync("index scores");  // a decode step's graph segment ends here (cuda_step.cpp)
+        auto t_host = host_phases.now();
+        if (defer_rest) {
+          host_point_mark();
+          project_rest();
+          t_host = host_phases.now();  // the launches stay in the layers' issue time
+          host_point_wait("index scores");  // the GPU goes on with project_rest meanwhile
+        } else {
+          host_point_sync("index scores");  // a decode step's graph segment ends here (cuda_step.cpp)
+        }
+        t_host = host_phases.add(HostPhase::TopkWait, t_host);
         int32_t* sel_out = topk_host.data();
         parallel_for(n, [&](int64_t i0, int64_t i1) {
           for (int64_t i = i0; i < i1; ++i) {
@@ -311,6 +361,7 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(kept) * 4, cudaMemcpyHostToDevice, stream),
                         "top-k upload");
         host_point_resume();  // the next graph segment starts after the eager upload
+        host_phases.add(HostPhase::TopkHost, t_host);
         for (int64_t i = 0; i < n; ++i) db.shared[static_cast<size_t>(i)].topk_len = k_row[static_cast<size_t>(i)];
       }
     }

@@ -309,33 +309,59 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
   const ModelConfig& c = cfg;
   const int64_t n = p.n, dim = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
 
-  // ---- Engram hash ids [n][n_engram][cols] and the rows' prefetch (cpu_model.cpp) ----
-  const int64_t N = c.engram_max_ngram_size, hlen = static_cast<int64_t>(st.engram_history.size());
-  EngramPass eng = engram_prepare(n, [&](int64_t t, int64_t* hist) {
-    for (int64_t k = 0; k < N; ++k) {
-      if (k <= t) hist[k] = token_map[static_cast<size_t>(tokens[t - k])];
-      else {
-        const int64_t back = k - t;
-        hist[k] = back <= hlen ? st.engram_history[static_cast<size_t>(hlen - back)] : -1;
-      }
-    }
-  });
-  if (dump) dump->engram_hash_ids.insert(dump->engram_hash_ids.end(), eng.hash_ids.begin(), eng.hash_ids.end());
-  engram_stage(eng, n);
+  // Host phases of a decode step (DSV41_HOST_PHASES=1; cuda_host_phases.h).
+  HostPhaseTimer* ph = p.decode && host_phases.on() ? &host_phases : nullptr;
+  auto t_ph = ph ? ph->now() : HostPhaseTimer::Clock::time_point{};
+  auto phase = [&](HostPhase k) {
+    if (ph) t_ph = ph->add(k, t_ph);
+  };
 
-  // ---- embedding into hc streams, pre = (1, 0, ..); a decode step from here in CUDA graphs ----
+  // ---- Engram hash ids [n][n_engram][cols] and the rows' prefetch (cpu_model.cpp), then the rows
+  // staged: a graph step does both before its capture (the upload is eager); an eager pass right
+  // before its first Engram layer, so the GPU runs the layers before it while the host hashes, waits
+  // for the rows' prefetch and copies them (the same ids, rows and upload, only issued later). The
+  // hashes read the history as it was before this pass (it is pushed at the end). ----
   StepGraphs* graph = p.decode && !dump ? decode_graphs() : nullptr;
   StepGraphGuard graph_guard(graph);
+  const int64_t N = c.engram_max_ngram_size, hlen = static_cast<int64_t>(st.engram_history.size());
+  EngramPass eng;
+  bool engram_staged = false;
+  auto stage_engram = [&] {
+    if (engram_staged) return;
+    engram_staged = true;
+    eng = engram_prepare(n, [&](int64_t t, int64_t* hist) {
+      for (int64_t k = 0; k < N; ++k) {
+        if (k <= t) hist[k] = token_map[static_cast<size_t>(tokens[t - k])];
+        else {
+          const int64_t back = k - t;
+          hist[k] = back <= hlen ? st.engram_history[static_cast<size_t>(hlen - back)] : -1;
+        }
+      }
+    });
+    if (dump) dump->engram_hash_ids.insert(dump->engram_hash_ids.end(), eng.hash_ids.begin(), eng.hash_ids.end());
+    phase(HostPhase::EngramPrepare);
+    engram_stage(eng, n);
+    phase(HostPhase::EngramStage);
+  };
+  if (graph || dump) stage_engram();
+
+  // ---- embedding into hc streams, pre = (1, 0, ..); a decode step from here in CUDA graphs ----
   upload_embed_inputs(tokens, n);
+  phase(HostPhase::Uploads);
   if (graph) graph->begin(0);  // bucket 0: the solo decode step (batched passes use their row count)
   embed_kernel(n);
 
+  const double topk_ms0 = ph ? ph->total(HostPhase::TopkWait) + ph->total(HostPhase::TopkHost) : 0.0;
   PassShared shared;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     const GpuBlock& b = blocks[static_cast<size_t>(L)];
     // Each layer its own graph segment: the GPU runs the previous layer while this one is captured.
     if (graph && L > 0) graph->split();
-    if (b.has_engram) engram(b, engram_layer_rows(b.engram_index, n), n);
+    if (b.has_engram) {
+      if (ph) phase(HostPhase::LayerIssue);
+      stage_engram();
+      engram(b, engram_layer_rows(b.engram_index, n), n);
+    }
     if (dspark) dspark_capture_tap(*this, L, n);  // DSpark target-layer taps (cuda_dspark.cpp)
     block_forward(b, p, [&](const QuantizedInput& xq) { attention(b, st, shared, p, xq); });
     if (dump) {
@@ -350,6 +376,11 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
     }
   }
 
+  if (ph) {  // the top-k host points inside the layers are their own phases
+    phase(HostPhase::LayerIssue);
+    ph->exclude(HostPhase::LayerIssue, ph->total(HostPhase::TopkWait) + ph->total(HostPhase::TopkHost) - topk_ms0);
+  }
+
   // ---- final norm and head ----
   if (logit_rows_from >= 0) final_rows(logit_rows_from, n - logit_rows_from);
   if (dspark) dspark_feed_rings(*this, st, p);  // DSpark rings of the pass's positions
@@ -358,7 +389,10 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
     gpu::check_cuda(cudaMemcpyAsync(logits_host, sc.logits, static_cast<size_t>((n - logit_rows_from) * V) * 4,
                                     cudaMemcpyDeviceToHost, stream),
                     "logits download");
+  phase(HostPhase::HeadIssue);
   gpu::check_cuda(cudaStreamSynchronize(stream), "forward");
+  phase(HostPhase::FinalSync);
+  if (ph) ph->end_step(n);
 
   // ---- carried host state: Engram history ----
   engram_push_history(st, tokens, n);
@@ -391,7 +425,9 @@ void Impl::forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_
   check_tokens(st, tokens, n);
   const bool decode = n == 1 && start > 0 && start >= st.prompt_len;
   const int64_t layout_end = std::max(end, st.prompt_len);
-  if (logits) logits->assign(static_cast<size_t>((all_logits ? n : 1) * V), 0.0f);
+  // Every element is written by the passes' logits downloads: a reused vector keeps its memory and
+  // is not cleared (clearing it would hold the step's first launch back by a pass over V floats).
+  if (logits) logits->resize(static_cast<size_t>((all_logits ? n : 1) * V));
   if (dump) {
     dump->h.assign(static_cast<size_t>(c.num_hidden_layers), {});
     dump->pre.assign(static_cast<size_t>(c.num_hidden_layers), {});

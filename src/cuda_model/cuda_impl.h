@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda_model/cuda_graph.h"
+#include "cuda_model/cuda_host_phases.h"
 #include "cuda_model/cuda_pinned.h"
 #include "cuda_model/cuda_state_memory.h"
 #include "dsv41/engram/row_store.h"
@@ -247,6 +248,8 @@ struct Impl {
   std::unique_ptr<StepGraphs> graphs;
   bool graphs_on = false;
   cudaEvent_t engram_uploaded = nullptr;  // the last Engram staging upload (engram_stage)
+  cudaEvent_t scores_ready = nullptr;     // an eager top-k host point's scores download (host_point_wait)
+  HostPhaseTimer host_phases;             // DSV41_HOST_PHASES=1: host time of decode steps by phase
   std::shared_ptr<DsparkModel> dspark;  // null: no DSpark stages loaded (cuda_dspark.cpp)
   int64_t dspark_stages = 0;            // DSpark rings per sequence state
   StagedUploader* staging = nullptr;    // set while load() runs: weight uploads go through it
@@ -316,6 +319,13 @@ struct Impl {
   // kv_bits: when set, the KV rows' bf16 bits also go there ([n][head_dim]).
   QuantizedInput project_q_kv(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at,
                               const QuantizedInput& xq = {}, uint16_t* kv_bits = nullptr);
+  // project_q_kv in two parts: the q latent (wq_a, wkv, q_norm; what the compressor's and the
+  // indexer's inputs need) and the rest (wq_b and RoPE into sc.q, the window KV row), which reads
+  // only sc.qr's codes and sc.kv, so a decode step may issue it after the index scores' download
+  // and the GPU runs it while the host waits for the scores and selects the top-k.
+  QuantizedInput project_q_latent(const GpuBlock& b, int64_t n, const QuantizedInput& xq);
+  void project_q_rest(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at, const QuantizedInput& qrq,
+                      uint16_t* kv_bits);
   // The indexer's per-head queries (sc.qi) and head weights (sc.iw) of n rows; qrq / xq: the codes
   // of sc.qr / sc.x, or empty.
   void index_queries(const GpuBlock& b, int64_t n, const ops::gpu::RopeArgs& at, const QuantizedInput& qrq,
@@ -336,6 +346,11 @@ struct Impl {
   StepGraphs* decode_graphs() const;
   void host_point_sync(const char* what);
   void host_point_resume();
+  // Eager steps only (no graph capturing): marks the stream's current end (scores_ready) so that
+  // work issued after the mark runs on the GPU while host_point_wait blocks on the mark alone.
+  bool host_point_can_defer() const;
+  void host_point_mark();
+  void host_point_wait(const char* what);
   void final_rows(int64_t row0, int64_t rows);         // final collapse, norm and head -> sc.logits
   // ---- batched decode (src/cuda_model/cuda_decode_batch.cpp) ----
   // Rows per batched decode pass: the arena's; EXL3 linears pick their kernel path by row count

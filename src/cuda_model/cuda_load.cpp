@@ -64,6 +64,7 @@ DeviceBuffer upload_vector(StagedUploader* staging, const std::vector<T>& v) {
 Impl::~Impl() {
   graphs.reset();  // executables and any open capture go before their stream
   if (engram_uploaded) cudaEventDestroy(engram_uploaded);
+  if (scores_ready) cudaEventDestroy(scores_ready);
   if (stream) cudaStreamDestroy(stream);
 }
 

@@ -16,21 +16,10 @@ namespace gpu = ops::gpu;
 bool Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& xq, bool defer_combine) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, K = b.top_k, inter = c.moe_intermediate_size, pairs = n * K;
-  gpu::RouterArgs r;
-  r.x = sc.x;
-  r.n = n;
-  r.dim = dim;
-  r.gate_w = b.gate_w.as<float>();
-  r.gate_bias = b.gate_bias.as<float>();
-  r.n_experts = b.n_experts;
+  gpu::RouterArgs r =
+      gpu::router_args(c, sc.x, n, b.gate_w.as<float>(), b.gate_bias.as<float>(), sc.ids, sc.route_w, sc.route_scratch);
+  r.n_experts = b.n_experts;  // a DSpark stage's bank may differ from the target layers'
   r.top_k = K;
-  r.scoring = c.scoring_func == "sigmoid" ? gpu::Scoring::Sigmoid : gpu::Scoring::SqrtSoftplus;
-  r.temp = static_cast<float>(c.gate_temp);
-  r.norm_topk = c.norm_topk_prob;
-  r.route_scale = static_cast<float>(c.routed_scaling_factor);
-  r.ids = sc.ids;
-  r.weights = sc.route_w;
-  r.scratch = sc.route_scratch;
   gpu::router(r, stream);
   if (b.x_experts.loaded()) {  // EXL3: routed + shared experts in the grouped MoE kernels
     moe_exl3(b, n);

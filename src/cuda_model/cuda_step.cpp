@@ -42,6 +42,18 @@ void Impl::host_point_sync(const char* what) {
   gpu::check_cuda(cudaStreamSynchronize(stream), what);
 }
 
+bool Impl::host_point_can_defer() const { return !(graphs && graphs->capturing()); }
+
+void Impl::host_point_mark() {
+  if (!scores_ready) gpu::check_cuda(cudaEventCreateWithFlags(&scores_ready, cudaEventDisableTiming), "event");
+  gpu::check_cuda(cudaEventRecord(scores_ready, stream), "host point event");
+}
+
+void Impl::host_point_wait(const char* what) {
+  DSV_ASSERT(host_point_can_defer(), "host point: a deferred wait inside a graph capture");
+  gpu::check_cuda(cudaEventSynchronize(scores_ready), what);
+}
+
 void Impl::host_point_resume() {
   if (graphs && graphs->in_step() && !graphs->capturing()) graphs->resume();
 }

@@ -43,6 +43,26 @@ HcMixArgs hc_mix_args(const ModelConfig& c, const float* h, int64_t n, const flo
   return a;
 }
 
+RouterArgs router_args(const ModelConfig& c, const float* x, int64_t n, const float* gate_w, const float* gate_bias,
+                       int32_t* ids, float* weights, float* scratch) {
+  RouterArgs a;
+  a.x = x;
+  a.n = n;
+  a.dim = c.hidden_size;
+  a.gate_w = gate_w;
+  a.gate_bias = gate_bias;
+  a.n_experts = c.n_routed_experts;
+  a.top_k = c.num_experts_per_tok;
+  a.scoring = c.scoring_func == "sigmoid" ? Scoring::Sigmoid : Scoring::SqrtSoftplus;
+  a.temp = static_cast<float>(c.gate_temp);
+  a.norm_topk = c.norm_topk_prob;
+  a.route_scale = static_cast<float>(c.routed_scaling_factor);
+  a.ids = ids;
+  a.weights = weights;
+  a.scratch = scratch;
+  return a;
+}
+
 // A RopeTail over rows of k columns: pairs inside the rows' 32-blocks (k - rope_dim even).
 static void check_rope_tail(const RopeTail& r, int64_t k, const char* op) {
   if (!r.freqs) return;

@@ -231,20 +231,8 @@ int main() {
     }
     // ---- router ----
     {
-      gpu::RouterArgs a;
-      a.x = dx.as<float>();
-      a.n = m;
-      a.dim = dim;
-      a.gate_w = dgw.as<float>();
-      a.gate_bias = dgb.as<float>();
-      a.n_experts = E;
-      a.top_k = K;
-      a.temp = static_cast<float>(c.gate_temp);
-      a.norm_topk = c.norm_topk_prob;
-      a.route_scale = static_cast<float>(c.routed_scaling_factor);
-      a.ids = dids.as<int32_t>();
-      a.weights = dwts.as<float>();
-      a.scratch = dscr.as<float>();
+      gpu::RouterArgs a = gpu::router_args(c, dx.as<float>(), m, dgw.as<float>(), dgb.as<float>(), dids.as<int32_t>(),
+                                           dwts.as<float>(), dscr.as<float>());
       report("router", m, [&](cudaStream_t st) { gpu::router(a, st); }, f4 * (E * dim + m * dim), 28.0);
       if (chk) {
         std::vector<float> want_w, got_w;
@@ -383,20 +371,8 @@ int main() {
       gpu::HcMixArgs mix = gpu::hc_mix_args(c, dh.as<float>(), m,
                                             dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), dmix.as<float>());
       mix.rows_ref = m;
-      gpu::RouterArgs ra;
-      ra.x = dout.as<float>();
-      ra.n = m;
-      ra.dim = dim;
-      ra.gate_w = dgw.as<float>();
-      ra.gate_bias = dgb.as<float>();
-      ra.n_experts = E;
-      ra.top_k = K;
-      ra.temp = static_cast<float>(c.gate_temp);
-      ra.norm_topk = c.norm_topk_prob;
-      ra.route_scale = static_cast<float>(c.routed_scaling_factor);
-      ra.ids = dids.as<int32_t>();
-      ra.weights = dwts.as<float>();
-      ra.scratch = dscr.as<float>();
+      gpu::RouterArgs ra = gpu::router_args(c, dout.as<float>(), m, dgw.as<float>(), dgb.as<float>(),
+                                            dids.as<int32_t>(), dwts.as<float>(), dscr.as<float>());
       const float inv_sqrt_dim = static_cast<float>(std::pow(static_cast<double>(dim), -0.5));
       gpu::RopeArgs rp;
       rp.v = dq.as<float>() + hd - rd;

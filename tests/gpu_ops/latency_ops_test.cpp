@@ -149,20 +149,8 @@ TEST(GpuOpsLatency, RouterBatchSizes) {
       }
       DeviceBuffer dx = DeviceBuffer::from(x), dgw = DeviceBuffer::from(gw), dbias = DeviceBuffer::from(bias);
       Guarded dids(static_cast<size_t>(n * K) * 4), dw(static_cast<size_t>(n * K) * 4), dscratch(static_cast<size_t>(n * 2 * E) * 4);
-      gpu::RouterArgs a;
-      a.x = dx.as<float>();
-      a.n = n;
-      a.dim = dim;
-      a.gate_w = dgw.as<float>();
-      a.gate_bias = dbias.as<float>();
-      a.n_experts = E;
-      a.top_k = K;
-      a.temp = temp;
-      a.norm_topk = c.norm_topk_prob;
-      a.route_scale = static_cast<float>(c.routed_scaling_factor);
-      a.ids = dids.as<int32_t>();
-      a.weights = dw.as<float>();
-      a.scratch = dscratch.as<float>();
+      gpu::RouterArgs a = gpu::router_args(c, dx.as<float>(), n, dgw.as<float>(), dbias.as<float>(), dids.as<int32_t>(),
+                                           dw.as<float>(), dscratch.as<float>());
       gpu::router(a, nullptr);
       sync_ok();
       const std::vector<int32_t> gids = dids.host<int32_t>();

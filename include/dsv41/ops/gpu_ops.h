@@ -20,6 +20,11 @@ namespace dsv41::ops::gpu {
 // rows_ref, k_parts) keep their defaults: the caller sets them.
 HcMixArgs hc_mix_args(const ModelConfig& c, const float* h, int64_t n, const float* fn, const float* base,
                       const float* scale, float* mix);
+// The RouterArgs of a MoE layer of model `c` (expert count, top-k, scoring, temperature,
+// renormalisation and scale from the config; n rows of x; ids, weights and scratch [n][2E] out). A
+// caller whose bank differs (a DSpark stage) sets n_experts / top_k after.
+RouterArgs router_args(const ModelConfig& c, const float* x, int64_t n, const float* gate_w, const float* gate_bias,
+                       int32_t* ids, float* weights, float* scratch);
 void rms_norm(const RmsNormArgs& a, cudaStream_t s);
 void rope(const RopeArgs& a, cudaStream_t s);
 void qdq(const QdqArgs& a, cudaStream_t s);

@@ -43,6 +43,7 @@
 #include <cstdlib>
 
 #include "ops/lin_decode.h"
+#include "ops/e4m3_decode.cuh"
 #include "ops/lin_gemm.h"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
@@ -92,15 +93,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #endif
 }
 
-// Two e4m3 codes (bits 0..7 and 8..15 of v) -> f16x2 (low half first): one cvt on sm_89+.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-__device__ __forceinline__ float f16_lo(uint32_t h) { return __half2float(__ushort_as_half(static_cast<unsigned short>(h))); }
-__device__ __forceinline__ float f16_hi(uint32_t h) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(h >> 16)));
-}
 // Four e4m3 codes (code k in byte k) -> their exact values.
 __device__ __forceinline__ void e4m3x4_to_f32(uint32_t w, float (&v)[4]) {
   const uint32_t lo = e4m3x2_to_f16x2(w), hi = e4m3x2_to_f16x2(w >> 16);

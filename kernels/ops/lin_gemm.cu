@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "ops/e4m3_decode.cuh"
 #include "ops/lin_gemm.h"
 #include "ops/ops_common.cuh"
 #include "ops/pdl.cuh"
@@ -72,14 +73,17 @@ __device__ __forceinline__ PartView part_of(const GemmArgs& a, int64_t col) {
   return v;
 }
 
-// Two e4m3 codes (bits 0..7 and 8..15) -> f16x2 in one cvt (exact: every e4m3 value is an f16).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-__device__ __forceinline__ float f16_lo(uint32_t h) { return __half2float(__ushort_as_half(static_cast<unsigned short>(h))); }
-__device__ __forceinline__ float f16_hi(uint32_t h) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(h >> 16)));
+// Sixteen e4m3 codes (one 16-byte chunk of a K row) as exact floats down one shared-memory column.
+__device__ __forceinline__ void put16(const uint4& v, float* col, int stride) {
+  const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t lo = e4m3x2_to_f16x2(wv[q]), hi = e4m3x2_to_f16x2(wv[q] >> 16);
+    col[(4 * q + 0) * stride] = f16_lo(lo);
+    col[(4 * q + 1) * stride] = f16_hi(lo);
+    col[(4 * q + 2) * stride] = f16_lo(hi);
+    col[(4 * q + 3) * stride] = f16_hi(hi);
+  }
 }
 // dev::e8m0_value without branches (0 -> 2^-127, 255 -> NaN, else 2^(b-127)).
 __device__ __forceinline__ float e8m0_value_nb(uint32_t b) {
@@ -190,17 +194,6 @@ __global__ void __launch_bounds__(BM * BN / (kTM * kTN), 1) lin8_gemm_kernel(Gem
   // decode f into stage st: value of code k of chunk row r goes to [k][r]
   auto store = [&](const F& f, int st) {
     float* s = smem + st * S::kFloats;
-    auto put16 = [&](const uint4& v, float* col, int stride) {  // 16 codes down one column
-      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t lo = e4m3x2_to_f16x2(wv[q]), hi = e4m3x2_to_f16x2(wv[q] >> 16);
-        col[(4 * q + 0) * stride] = f16_lo(lo);
-        col[(4 * q + 1) * stride] = f16_hi(lo);
-        col[(4 * q + 2) * stride] = f16_lo(hi);
-        col[(4 * q + 3) * stride] = f16_hi(hi);
-      }
-    };
 #pragma unroll
     for (int i = 0; i < F::kAChunks; ++i) {
       const int c = tid + i * kT;
@@ -340,17 +333,6 @@ __global__ void __launch_bounds__(SplitLayout<BM, BN, S>::kT, 1) lin8_gemm_split
     }
   };
   auto store = [&](const F& f) {
-    auto put16 = [&](const uint4& v, float* col, int stride) {
-      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint32_t lo = e4m3x2_to_f16x2(wv[q]), hi = e4m3x2_to_f16x2(wv[q] >> 16);
-        col[(4 * q + 0) * stride] = f16_lo(lo);
-        col[(4 * q + 1) * stride] = f16_hi(lo);
-        col[(4 * q + 2) * stride] = f16_lo(hi);
-        col[(4 * q + 3) * stride] = f16_hi(hi);
-      }
-    };
 #pragma unroll
     for (int i = 0; i < L::kAChunks; ++i) {
       const int c = tid + i * L::kT, sl = (c / 2) % S;

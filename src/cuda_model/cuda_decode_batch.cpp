@@ -55,7 +55,8 @@ void for_each_run(int64_t n, Key&& key, F&& f) {
 }  // namespace
 
 int64_t Impl::max_decode_batch() const {
-  return weight_bytes_exl3 > 0 ? std::min(sc.m, kExl3SameBatchRows) : sc.m;
+  // every row's logits come out of one head launch into sc.logits
+  return weight_bytes_exl3 > 0 ? std::min(sc.logit_rows, kExl3SameBatchRows) : sc.logit_rows;
 }
 
 void Impl::forward_items(std::span<ForwardItem> items) {
@@ -94,7 +95,7 @@ void Impl::forward_items(std::span<ForwardItem> items) {
 
 void Impl::forward_decode_batch(std::span<ForwardItem* const> items) {
   const int64_t n = static_cast<int64_t>(items.size()), V = cfg.vocab_size;
-  DSV_ASSERT(n >= 1 && n <= sc.m, "batched decode of {} rows in a scratch of {}", n, sc.m);
+  DSV_ASSERT(n >= 1 && n <= sc.logit_rows, "batched decode of {} rows in a scratch of {} logit rows", n, sc.logit_rows);
   DecodeBatch db;
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>*> logits;

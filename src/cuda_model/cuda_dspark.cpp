@@ -65,9 +65,10 @@ void load_dspark(Impl& m) {
     DSV_CHECK(t >= 0 && t < c.num_hidden_layers, "config: DSpark target layer {} out of range", t);
   DSV_CHECK(rank >= 1, "config: dspark_markov_rank must be positive, got {}", rank);
   DSV_CHECK(c.dspark_noise_token_id >= 0 && c.dspark_noise_token_id < V, "config: dspark_noise_token_id out of range");
-  DSV_CHECK(c.dspark_block_size <= m.opts.max_chunk_tokens,
-            "CUDA model: a DSpark block of {} rows does not fit a pass of {} tokens (max_chunk_tokens)",
-            c.dspark_block_size, m.opts.max_chunk_tokens);
+  DSV_CHECK(c.dspark_block_size <= std::min(m.opts.max_chunk_tokens, m.opts.max_logit_rows),
+            "CUDA model: a DSpark block of {} rows does not fit a pass of {} tokens (max_chunk_tokens) with {} "
+            "logit rows (max_logit_rows)",
+            c.dspark_block_size, m.opts.max_chunk_tokens, m.opts.max_logit_rows);
 
   auto d = std::make_shared<DsparkModel>();
   d->n_taps = nt;
@@ -407,7 +408,8 @@ std::vector<DsparkDraft> dspark_draft(Impl& m, std::span<CudaSeqState* const> st
     DSV_CHECK(anchors[i] >= 0 && anchors[i] < c.vocab_size, "DSpark anchor token {} outside the vocabulary", anchors[i]);
   }
   std::vector<DsparkDraft> out(states.size());
-  const auto group = static_cast<size_t>(std::max<int64_t>(1, m.sc.m / m.dspark->block));
+  // a group's rows all get logits from one head launch into sc.logits
+  const auto group = static_cast<size_t>(std::max<int64_t>(1, m.sc.logit_rows / m.dspark->block));
   for (size_t g0 = 0; g0 < states.size(); g0 += group) {
     const size_t cnt = std::min(group, states.size() - g0);
     draft_group(m, states.subspan(g0, cnt), anchors.subspan(g0, cnt), out.data() + g0);

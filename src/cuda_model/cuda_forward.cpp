@@ -433,8 +433,11 @@ void Impl::forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_
     dump->pre.assign(static_cast<size_t>(c.num_hidden_layers), {});
     dump->engram_hash_ids.clear();
   }
-  for (int64_t off = 0; off < n; off += sc.m) {
-    const int64_t cnt = std::min(sc.m, n - off);
+  // A pass returning every row's logits is at most sc.logit_rows long (results do not depend on the
+  // pass size); otherwise only the chunk's last row has logits.
+  const int64_t pass = all_logits && logits ? sc.logit_rows : sc.m;
+  for (int64_t off = 0; off < n; off += pass) {
+    const int64_t cnt = std::min(pass, n - off);
     const Pass p{start + off, cnt, layout_end, decode};
     const bool last = off + cnt == n;
     int64_t from = -1;

@@ -139,6 +139,7 @@ struct QuantizedInput {
 struct Scratch {
   DeviceBuffer arena;
   int64_t m = 0, t_max = 0;  // tokens per pass, score columns
+  int64_t logit_rows = 0;    // rows of `logits`: min(m, CudaModelOptions::max_logit_rows)
   float *h = nullptr, *pre = nullptr, *x = nullptr, *y = nullptr, *mix_a = nullptr, *mix_f = nullptr;
   float *qr = nullptr, *q = nullptr, *kv = nullptr, *o = nullptr, *z = nullptr;
   uint16_t *kv_bf16 = nullptr, *staged = nullptr;

@@ -344,6 +344,7 @@ void Impl::load(const std::string& dir) {
   DSV_CHECK(c.scoring_func == "sqrtsoftplus" || c.scoring_func == "sigmoid",
             "config: scoring_func '{}' is not supported by the CUDA model backend", c.scoring_func);
   DSV_CHECK(opts.max_chunk_tokens >= 1, "CUDA model: max_chunk_tokens must be positive, got {}", opts.max_chunk_tokens);
+  DSV_CHECK(opts.max_logit_rows >= 1, "CUDA model: max_logit_rows must be positive, got {}", opts.max_logit_rows);
   int n_dev = 0;
   ops::gpu::check_cuda(cudaGetDeviceCount(&n_dev), "cudaGetDeviceCount");
   DSV_CHECK(opts.device >= 0 && opts.device < n_dev, "CUDA device {} does not exist ({} devices)", opts.device, n_dev);
@@ -513,6 +514,7 @@ void Impl::alloc_scratch() {
   };
   Scratch& s = sc;
   s.m = m;
+  s.logit_rows = std::min(m, opts.max_logit_rows);
   s.t_max = t_max;
   s.moe_sort_ints = ops::gpu::moe_grouped_sort_ints(m * K, E);
   const int64_t f = 4;
@@ -561,7 +563,7 @@ void Impl::alloc_scratch() {
       {reinterpret_cast<void**>(&s.engram_raw), engram_raw},
       {reinterpret_cast<void**>(&s.engram_rows), m * edim * f},
       {reinterpret_cast<void**>(&s.engram_kv), m * (hc + 1) * dim * f},
-      {reinterpret_cast<void**>(&s.logits), m * V * f},
+      {reinterpret_cast<void**>(&s.logits), s.logit_rows * V * f},
       {reinterpret_cast<void**>(&s.moe_sort), ops::gpu::moe_grouped_sort_ints(m * K, E) * 4},
       {reinterpret_cast<void**>(&s.positions), m * 8},
       {reinterpret_cast<void**>(&s.mix_counters), m * 4},

@@ -83,9 +83,10 @@ MemorySource cuda_memory_source(int device) {
                               "CUDA device " + std::to_string(device) + " (" + info.name + ") free memory");
 }
 
-uint64_t cuda_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens, int64_t max_context) {
-  DSV_CHECK(chunk_tokens >= 1 && max_context >= 1, "CUDA scratch: chunk {} and context {} must be positive",
-            chunk_tokens, max_context);
+uint64_t cuda_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens, int64_t max_context, int64_t logit_rows) {
+  DSV_CHECK(chunk_tokens >= 1 && max_context >= 1 && logit_rows >= 1,
+            "CUDA scratch: chunk {}, context {} and logit rows {} must be positive", chunk_tokens, max_context,
+            logit_rows);
   const int64_t m = chunk_tokens, dim = c.hidden_size, hc = c.hc_mult, hd = c.head_dim, ihd = c.index_head_dim;
   const int64_t H = c.num_attention_heads, IH = c.index_n_heads, GR = c.o_groups * c.o_lora_rank;
   const int64_t inter = c.moe_intermediate_size, K = c.num_experts_per_tok, E = c.n_routed_experts;
@@ -96,18 +97,19 @@ uint64_t cuda_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens, int64_t 
   const int64_t t_max = min_ratio > 0 ? std::max<int64_t>(1, max_context / min_ratio) : 1;
   // fp32 values per token of a pass: residual streams and mixes, attention (queries, outputs,
   // compressor rows, indexer queries and score row), MoE (routing, expert and shared
-  // activations), Engram rows and the logits row; then int32 lists and the bytes of the
-  // quantised activation codes with their scales.
+  // activations) and Engram rows; then int32 lists and the bytes of the quantised activation codes
+  // with their scales. The logits hold min(chunk, logit_rows) rows.
   const int64_t floats = hc * dim + hc + 4 * dim + 2 * (2 + hc) * hc + c.q_lora_rank + 2 * H * hd + GR + 5 * hd + ihd +
                          IH * ihd + IH + t_max + K + 2 * E + 3 * K * inter + K * dim + 2 * inter + edim +
-                         (hc + 1) * dim + edim + c.vocab_size;
+                         (hc + 1) * dim + edim;
   const int64_t ints = tk + c.sliding_window + tk + K + std::max<int64_t>(1, c.n_engram_columns()) + 1 + 2 * 2;
   const int64_t max_in = std::max({dim, c.q_lora_rank, GR, inter, edim, H * hd, hd, K * inter});
   const int64_t codes = max_in + max_in / 32 * 4 + 4;
   const int64_t bf16 = 2 * hd + (c.sliding_window + 1) * hd * 2 / m + 2 * hd;
   const int64_t per_token = 4 * floats + 4 * ints + codes + bf16;
   constexpr int64_t kPieces = 64, kAlign = 256;  // each buffer rounds up to 256 bytes
-  return static_cast<uint64_t>(m * per_token + kPieces * kAlign);
+  const int64_t logits = std::min(m, logit_rows) * c.vocab_size * 4;
+  return static_cast<uint64_t>(m * per_token + logits + kPieces * kAlign);
 }
 
 std::vector<BudgetItem> cuda_serve_budget_items(const ModelConfig& c, const ServeMemoryPlan& p, int64_t chunk_tokens,

@@ -52,8 +52,10 @@ MemorySource cuda_memory_source(int device);
 
 // Device bytes of the CUDA model's scratch arena for `chunk_tokens` tokens per pass and contexts up
 // to `max_context` (an upper estimate of src/cuda_model alloc_scratch: the forward's activations,
-// the indexer's score rows and one logits row per token).
-uint64_t cuda_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens, int64_t max_context);
+// the indexer's score rows, and logits for min(chunk_tokens, logit_rows) rows:
+// CudaModelOptions::max_logit_rows).
+uint64_t cuda_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens, int64_t max_context,
+                            int64_t logit_rows = 256);
 
 // The budget table's items for the CUDA engine on one device: all weights (uploaded once), the
 // sequence-state pool (device memory), the scratch arena as workspaces, CUDA graphs and NCCL

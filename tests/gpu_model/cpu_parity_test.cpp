@@ -139,11 +139,20 @@ TEST(GpuModelParity, PassSizeDoesNotChangeResults) {
   const std::vector<int32_t> prompt = random_prompt(40, 512, 5);
   auto big = model::CudaModel::load(dir + "/model", cuda_opts(tm, 60, 256));
   auto small = model::CudaModel::load(dir + "/model", cuda_opts(tm, 60, 3));
+  // logits of at most 7 rows per pass: the 40-row prompt with every row's logits runs as 6 passes
+  model::CudaModelOptions few_rows = cuda_opts(tm, 60, 256);
+  few_rows.max_logit_rows = 7;
+  auto capped = model::CudaModel::load(dir + "/model", few_rows);
   const test::Run a = test::run_steps(*big, prompt, 0, 10);
   const test::Run b = test::run_steps(*small, prompt, 0, 10);
+  const test::Run d = test::run_steps(*capped, prompt, 0, 10);
   EXPECT_EQ(a.prefill, b.prefill);
   EXPECT_EQ(a.decode, b.decode);
   EXPECT_EQ(a.greedy, b.greedy);
+  EXPECT_EQ(a.prefill, d.prefill);
+  EXPECT_EQ(a.decode, d.decode);
+  EXPECT_EQ(a.greedy, d.greedy);
+  EXPECT_GT(big->memory().scratch, capped->memory().scratch);  // 256 logit rows against 7
   const model::CudaMemoryBreakdown mem = big->memory();
   EXPECT_GT(mem.weights, 0);
   EXPECT_GT(mem.state_per_sequence, 0);

@@ -54,12 +54,17 @@ struct CudaModelOptions {
   int device = 0;                     // CUDA device ordinal
   // Context tokens a sequence state holds; 0 = min(max_position_embeddings, 32768).
   int64_t max_context = 0;
-  // Tokens per forward pass (sizes the scratch arena, ~1.6 MB per token at the released dimensions
-  // and 128k context, plus the index scores' pinned host copy). Larger passes read each routed
-  // expert once for more tokens: prefill's grouped expert GEMM is bound by those weight reads at a
-  // few rows per expert (bench/RESULTS.md), so 512 rather than 256 (~1 GB of scratch, inside the
-  // 2 GiB engine overhead); results do not depend on it.
+  // Tokens per forward pass (sizes the scratch arena: ~1.1 MB per token at the released dimensions
+  // and 128k context, most of it the index score row, which also has a pinned host copy). Larger
+  // passes read each routed expert once for more tokens: prefill's grouped expert GEMM is bound by
+  // those weight reads at a few rows per expert (bench/RESULTS.md), so 512 rather than 256 (0.85 GiB
+  // of scratch + 0.25 GiB pinned at 128k, inside the 2 GiB engine overhead; 1024 would need 2.07
+  // GiB there until the score rows are sliced); results do not depend on it.
   int64_t max_chunk_tokens = 512;
+  // Rows of logits the scratch holds (a vocabulary row is 0.5 MB at the released size): a pass that
+  // returns every row's logits, a batched decode step and a DSpark drafter pass take at most this
+  // many rows, so longer prefill passes do not grow the logits buffer. Results do not depend on it.
+  int64_t max_logit_rows = 256;
   // Passes with at least this many (token, slot) pairs run the routed FP4 experts as grouped
   // tensor-core GEMMs (gpu::moe_grouped): ~3x faster at 256-token prefill passes, ~9x at 2048, but
   // not guaranteed bit-identical to the CPU engine (the tensor core sums each 32-wide block of exact

@@ -19,20 +19,31 @@
 
 namespace dsv41::ops::gpu {
 
-// Pairs per expert tile (the tensor-core N side): a tile holds up to this many pairs of one expert.
+// Pairs per expert tile (the tensor-core N side) of the widest tile shape; narrower shapes hold 32
+// or 16 pairs, so a small pass (few pairs per expert) stages only what it has and more CTAs fit.
 inline constexpr int64_t kMoeGroupedTilePairs = 64;
 // K granularity of the tiled matmuls: both hidden_size and moe_intermediate_size must be multiples.
 inline constexpr int64_t kMoeGroupedKStep = 128;
 
-// Most expert tiles `pairs` pairs over `n_experts` experts can need: sum of ceil(count/tile) over
-// the non-empty experts <= pairs/tile + min(pairs, n_experts).
-inline int64_t moe_grouped_max_tiles(int64_t pairs, int64_t n_experts) {
-  return pairs / kMoeGroupedTilePairs + std::min(pairs, n_experts);
+// Tile shapes (MoeGroupedArgs::tile_variant): 1 = 64 pairs, 4 stages, 2 CTAs per SM; 2 = 32 pairs,
+// 3 CTAs; 3 = 16 pairs, 4 CTAs; 4 = 16 pairs, 3 stages, 5 CTAs.
+inline int64_t moe_grouped_variant_tile_pairs(int variant) {
+  return variant == 1 ? 64 : variant == 2 ? 32 : 16;
+}
+// The shape the launcher uses for a pass of `pairs` over `n_experts` (measured on H200 with
+// tests/bench/bench_gpu_moe_grouped.cpp; defined in moe_grouped.cu).
+int moe_grouped_auto_variant(int64_t pairs, int64_t n_experts);
+
+// Most expert tiles `pairs` pairs over `n_experts` experts can need with tiles of tile_pairs (the
+// default: the narrowest shape's, enough for every shape): sum of ceil(count/tile) over the
+// non-empty experts <= pairs/tile + min(pairs, n_experts).
+inline int64_t moe_grouped_max_tiles(int64_t pairs, int64_t n_experts, int64_t tile_pairs = 16) {
+  return pairs / std::max<int64_t>(1, tile_pairs) + std::min(pairs, n_experts);
 }
 // int32 scratch of the bucketing: offsets [E+1], tile count [1], tile experts / starts [T] each,
 // the pairs sorted by expert [pairs].
-inline int64_t moe_grouped_sort_ints(int64_t pairs, int64_t n_experts) {
-  return n_experts + 2 + 2 * moe_grouped_max_tiles(pairs, n_experts) + pairs;
+inline int64_t moe_grouped_sort_ints(int64_t pairs, int64_t n_experts, int64_t tile_pairs = 16) {
+  return n_experts + 2 + 2 * moe_grouped_max_tiles(pairs, n_experts, tile_pairs) + pairs;
 }
 // The shapes the tiled matmuls take (K steps of 128; the caller falls back to lin4 otherwise).
 inline bool moe_grouped_supported(int64_t dim, int64_t inter) {
@@ -59,6 +70,9 @@ struct MoeGroupedArgs {
   int32_t* sort = nullptr;              // scratch of sort_ints int32 values
   int64_t sort_ints = 0;
   float* y = nullptr;  // [n*top_k][dim] routed outputs (bf16 values), pair order
+  // 0: the automatic tile shape; 1..4 force one (tests, bench; see moe_grouped_variant_tile_pairs).
+  // A shape whose tile list does not fit sort_ints or the grid falls back to a wider one.
+  int tile_variant = 0;
 };
 
 namespace raw {

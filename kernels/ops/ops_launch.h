@@ -418,6 +418,11 @@ cudaError_t indexer_scores(const IndexerArgs& a, cudaStream_t s);
 // (cudaErrorNotSupported, nothing launched, for shapes it does not take) and one warp per entry.
 cudaError_t indexer_scores_tiled(const IndexerArgs& a, cudaStream_t s);
 cudaError_t indexer_scores_warp(const IndexerArgs& a, cudaStream_t s);
+// The tiled kernel's variants (tile size x chains per thread; tests and benchmarks): indexer_scores_tiled
+// launches the one chosen for the shape; _variant launches variant v < indexer_scores_tiled_variants().
+int indexer_scores_tiled_variants();
+const char* indexer_scores_tiled_variant_name(int v);
+cudaError_t indexer_scores_tiled_variant(const IndexerArgs& a, int v, cudaStream_t s);
 cudaError_t topk_sorted(const TopkArgs& a, cudaStream_t s);
 cudaError_t candidate_blocks(const CandidateArgs& a, cudaStream_t s);
 cudaError_t candidate_mask(const CandidateMaskArgs& a, cudaStream_t s);
@@ -429,6 +434,14 @@ cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaS
 // allow them.
 cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s);
 cudaError_t sparse_attention_split(const SparseAttnArgs& a, cudaStream_t s);
+// The split kernel's variants (cluster size x threads; tests and benchmarks): sparse_attention_split
+// launches the one chosen for n_q (variant 0 where that one cannot run); _variant launches variant
+// v < sparse_attention_split_variants() (cudaErrorNotSupported as above); _max_clusters: clusters of
+// variant v the device holds at once at a's shape (0 where it cannot launch).
+int sparse_attention_split_variants();
+const char* sparse_attention_split_variant_name(int v);
+cudaError_t sparse_attention_split_variant(const SparseAttnArgs& a, int v, cudaStream_t s);
+int sparse_attention_split_max_clusters(const SparseAttnArgs& a, int v);
 cudaError_t sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t s);
 cudaError_t compress_pool(const CompressPoolArgs& a, cudaStream_t s);
 cudaError_t store_bf16(const StoreBf16Args& a, cudaStream_t s);

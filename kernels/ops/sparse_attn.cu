@@ -168,32 +168,40 @@ __global__ void sparse_attn_kernel(SparseAttnArgs a, int hpb) {
 // The reference's running max after chunk c is max(-1e30, every score of chunks 0..c) (max is
 // exact and ignores NaN both there and here), so once all scores exist every chunk's m, c = exp(m'
 // - m), probabilities, psum and PV are independent; only the l and acc recurrences run over the
-// chunks in order, and those are short (one step per 64 entries). A cluster of kCluster blocks
-// serves one query and kSplitHeads heads: block r stages its 1/kCluster of the rows in shared
-// memory (coalesced asynchronous copies), scores them (the dot.h chains), pushes the scores into
-// every block's shared memory, then all blocks derive the per-chunk softmax terms, and block r runs
-// the PV chains (list order inside a chunk) for its 1/kCluster of the d lanes, read from a slice of
-// every row staged while the scores were exchanged, then the acc·c + pv recurrence and the final
-// division.
-constexpr int kCluster = 8;
-constexpr int kSplitHeads = 4;
-constexpr int kSplitThreads = 512;
-constexpr int kSplitWarps = kSplitThreads / 32;
+// chunks in order, and those are short (one step per 64 entries). A cluster of C blocks serves one
+// query and G heads:
+//   1. block r stages its 1/C of the rows in shared memory (coalesced asynchronous copies), scores
+//      them (the dot.h chains) and pushes the scores into every block's shared memory;
+//   2. the (head, chunk) softmax tasks are spread over the warps of the whole cluster (one round for
+//      the decode shapes): each derives its chunk's m, c, probabilities and psum once and pushes c,
+//      psum and the bf16 probabilities into every block;
+//   3. block r runs the PV chains (list order inside a chunk) for its 1/C of the d lanes, read from
+//      a lane slice of every row staged while steps 1-2 ran, then the acc·c + pv recurrence and the
+//      final division.
+// Skipped entries are staged as zero lanes with probability 0, so the PV chains need no branch:
+// pv + 0·0 = pv exactly (pv starts at +0 and a round-to-nearest sum is -0 only when both addends
+// are, so adding +0 never changes it; inf and NaN stay).
+// Variants (cluster size, heads per cluster, threads) trade blocks per query against resident
+// clusters: 8 blocks of 512 threads hold one SM each, 16 blocks of 256 threads fit two per SM.
 constexpr int64_t kSplitMaxList = 1024;
 constexpr int64_t kSplitMaxQueries = 32;
 
 struct SplitLayout {
   int64_t n, nc, rows, ks, nblk;  // entries, chunks, rows scored per block, d lanes per block, K blocks
   int64_t srow;  // staged score row stride (bf16 values): d + 8 keeps 16-byte rows on distinct banks
-  size_t rowptr, q, s, pb, part, pvs, cc, psum, mlast, l, pscr, stage, total;  // byte offsets
+  size_t rowptr, q, s, pb, cc, psum, mlast, l, scratch, stage, total;  // byte offsets
 };
 
+// PB: bytes per staged probability (4: fp32, 2: its bf16 bits, which are exact since the values are
+// bf16-rounded; the smaller layout lets two blocks share an SM).
+template <int C, int G, int T, int PB>
 __host__ __device__ inline SplitLayout split_layout(int64_t n, int64_t d) {
+  constexpr int kWarpsT = T / 32;
   SplitLayout L;
   L.n = n;
   L.nc = (n + kChunk - 1) / kChunk;
-  L.rows = (n + kCluster - 1) / kCluster;
-  L.ks = 2 * ((d + 2 * kCluster - 1) / (2 * kCluster));
+  L.rows = (n + C - 1) / C;
+  L.ks = 2 * ((d + 2 * C - 1) / (2 * C));
   L.nblk = (d + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
   size_t o = 0;
   auto take = [&](size_t bytes) {
@@ -201,40 +209,46 @@ __host__ __device__ inline SplitLayout split_layout(int64_t n, int64_t d) {
     o += (bytes + 15) / 16 * 16;
     return at;
   };
+  auto most = [](size_t x, size_t y) { return x > y ? x : y; };
   L.rowptr = take(static_cast<size_t>(n) * sizeof(void*));
-  L.q = take(static_cast<size_t>(kSplitHeads * d) * 4);
-  L.s = take(static_cast<size_t>(kSplitHeads * n) * 4);
-  L.pb = take(static_cast<size_t>(n * kSplitHeads) * 4);
-  L.part = take(static_cast<size_t>(kSplitHeads * L.rows * 2) * 4);
-  L.pvs = take(static_cast<size_t>(L.nc * kSplitHeads * L.ks) * 4);
-  L.cc = take(static_cast<size_t>(kSplitHeads * L.nc) * 4);
-  L.psum = take(static_cast<size_t>(kSplitHeads * L.nc) * 4);
-  L.mlast = take(kSplitHeads * 4);
-  L.l = take(kSplitHeads * 4);
-  L.pscr = take(static_cast<size_t>(kSplitWarps * kChunk) * 4);
-  // Staging: first the block's score rows [R][srow], then (same space) its PV lane slice of every
-  // row [n][ks].
+  L.q = take(static_cast<size_t>(G * d) * 4);
+  // The scores [G][n] (steps 1-2), then the PV sums [nc][G][ks] (step 3).
+  L.s = take(most(static_cast<size_t>(G * n) * 4, static_cast<size_t>(L.nc * G * L.ks) * 4));
+  L.pb = take(static_cast<size_t>(n * G) * PB);
+  L.cc = take(static_cast<size_t>(G * L.nc) * 4);
+  L.psum = take(static_cast<size_t>(G * L.nc) * 4);
+  L.mlast = take(G * 4);
+  L.l = take(G * 4);
+  // One space for the score partials [G][rows][2] (step 1), then the softmax warps' probabilities
+  // [warps][64] (step 2).
+  L.scratch = take(most(static_cast<size_t>(G * L.rows * 2) * 4, static_cast<size_t>(kWarpsT * kChunk) * 4));
+  // Staging: first the block's score rows [rows][srow], then (same space) its PV lane slice of
+  // every row [n][ks].
   L.srow = d + 8;
-  const size_t score_rows = static_cast<size_t>(L.rows * L.srow) * 2, pv_slice = static_cast<size_t>(n * L.ks) * 2;
-  L.stage = take(score_rows > pv_slice ? score_rows : pv_slice);
+  L.stage = take(most(static_cast<size_t>(L.rows * L.srow) * 2, static_cast<size_t>(n * L.ks) * 2));
   L.total = o;
   return L;
 }
 
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-// Asynchronous global -> shared copies (no register round trip, many in flight per thread).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+// Asynchronous global -> shared copies (no register round trip, many in flight per thread);
+// src_bytes = 0 writes zeros and reads nothing.
+__device__ __forceinline__ void split_cp16(void* dst, const void* src, unsigned src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void split_cp4(void* dst, const void* src, unsigned src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void split_cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-__global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(SparseAttnArgs a) {
+template <int C, int G, int T, int MinBlocks, int PB>
+__global__ void __launch_bounds__(T, MinBlocks) sparse_attn_split_kernel(SparseAttnArgs a) {
+  static_assert(G % 4 == 0 && C >= 2 && C <= 16 && T % 32 == 0 && (PB == 2 || PB == 4),
+                "head groups of 4, at most 16 blocks per cluster");
+  constexpr int kWarpsT = T / 32;
   dev::pdl_enter();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char raw_smem[];
@@ -244,63 +258,71 @@ __global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(Spa
   // the first remote store.
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
   const int64_t d = a.d;
-  const SplitLayout L = split_layout(a.list_len, d);
+  const SplitLayout L = split_layout<C, G, T, PB>(a.list_len, d);
   const int64_t n = L.n, nc = L.nc, R = L.rows, ks = L.ks;
   const uint16_t** rowptr = reinterpret_cast<const uint16_t**>(raw_smem + L.rowptr);
   float* q = reinterpret_cast<float*>(raw_smem + L.q);
   float* sc = reinterpret_cast<float*>(raw_smem + L.s);
-  float* pbuf = reinterpret_cast<float*>(raw_smem + L.pb);
-  float* part = reinterpret_cast<float*>(raw_smem + L.part);
-  float* pvs = reinterpret_cast<float*>(raw_smem + L.pvs);
+  float* pbuf = reinterpret_cast<float*>(raw_smem + L.pb);  // PB == 4
+  uint16_t* pbuf16 = reinterpret_cast<uint16_t*>(raw_smem + L.pb);  // PB == 2
   float* ccs = reinterpret_cast<float*>(raw_smem + L.cc);
   float* psums = reinterpret_cast<float*>(raw_smem + L.psum);
   float* mlast = reinterpret_cast<float*>(raw_smem + L.mlast);
   float* lden = reinterpret_cast<float*>(raw_smem + L.l);
-  float* pscr = reinterpret_cast<float*>(raw_smem + L.pscr);
+  float* part = reinterpret_cast<float*>(raw_smem + L.scratch);  // step 1
+  float* pscr = reinterpret_cast<float*>(raw_smem + L.scratch);  // step 2
+  float* pvs = reinterpret_cast<float*>(raw_smem + L.s);         // step 3 (the scores are consumed)
   uint16_t* stage = reinterpret_cast<uint16_t*>(raw_smem + L.stage);
   const int d32 = static_cast<int>(d), n32 = static_cast<int>(n), R32 = static_cast<int>(R), ks32 = static_cast<int>(ks);
 
   const int rank = static_cast<int>(cluster.block_rank());
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t t = blockIdx.z, h0 = static_cast<int64_t>(blockIdx.y) * kSplitHeads;
-  const int nh = static_cast<int>(a.heads - h0 < kSplitHeads ? a.heads - h0 : kSplitHeads);
+  const int64_t t = blockIdx.z, h0 = static_cast<int64_t>(blockIdx.y) * G;
+  const int nh = static_cast<int>(a.heads - h0 < G ? a.heads - h0 : G);
 
+  // The query's heads first (asynchronous, so their load overlaps the list's); a partial group's
+  // other heads are zeros.
+  {
+    const float* qsrc = a.q + (t * a.heads + h0) * d;
+    const int total = G * d32 / 4, valid = nh * d32 / 4;
+    for (int i = tid; i < total; i += T) split_cp16(q + 4 * i, i < valid ? qsrc + 4 * i : a.q, i < valid ? 16u : 0u);
+  }
   const int32_t* list = a.list + t * a.list_len;
   const uint16_t* pool_a = a.pool_a[t];
   const uint16_t* pool_b = a.pool_b ? a.pool_b[t] : nullptr;
-  for (int64_t j = tid; j < n; j += kSplitThreads) {
+  for (int64_t j = tid; j < n; j += T) {
     const int32_t e = list[j];
     const uint16_t* r = nullptr;
     if (e >= 0 && e < a.split) r = pool_a ? pool_a + static_cast<int64_t>(e) * d : nullptr;
     else if (e >= a.split) r = pool_b ? pool_b + static_cast<int64_t>(e - a.split) * d : nullptr;
     rowptr[j] = r;
   }
+  // The softmax tasks write the probabilities of heads < nh; a partial group's other heads are 0.
+  if (nh < G)
+    for (int i = tid; i < n32 * G; i += T)
+      if (i % G >= nh) {
+        if constexpr (PB == 4) pbuf[i] = 0.0f;
+        else pbuf16[i] = 0;
+      }
   __syncthreads();
   // Stage this block's score rows (coalesced 16-byte copies); skipped entries stay unread.
   {
     const int vpr = d32 / 8, total = R32 * vpr;
-    for (int v = tid; v < total; v += kSplitThreads) {
+    for (int v = tid; v < total; v += T) {
       const int jj = v / vpr, vv = v % vpr, j = rank * R32 + jj;
       if (j >= n32) break;  // v grows with j
       const uint16_t* row = rowptr[j];
-      if (row) cp_async16(stage + jj * L.srow + vv * 8, row + vv * 8);
+      if (row) split_cp16(stage + jj * L.srow + vv * 8, row + vv * 8, 16u);
     }
   }
-  {
-    const float4* q4 = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0) * d);
-    float4* s4 = reinterpret_cast<float4*>(q);
-    const int total = kSplitHeads * d32 / 4, valid = nh * d32 / 4;
-    for (int i = tid; i < total; i += kSplitThreads) s4[i] = i < valid ? q4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  for (int i = tid; i < n32 * kSplitHeads; i += kSplitThreads) pbuf[i] = 0.0f;
-  cp_async_wait_all();
+  split_cp_wait_all();
   __syncthreads();
 
-  // ---- scores of rows [rank·R, rank·R + R): one thread per (head pair, K block, row), two
+  // ---- 1. scores of rows [rank·R, rank·R + R): one thread per (head pair, K block, row), two
   // dot.h chains (one per head) sharing each loaded row vector.
   {
-    const int64_t tasks = R * L.nblk * (kSplitHeads / 2);
-    for (int64_t task = tid; task < tasks; task += kSplitThreads) {
+    const int64_t tasks = R * L.nblk * (G / 2);
+    for (int64_t task = tid; task < tasks; task += T) {
       const int64_t jj = task % R, rest = task / R, b = rest % L.nblk, hp = rest / L.nblk;
       const int64_t j = rank * R + jj;
       if (j >= n || 2 * hp >= nh) continue;
@@ -340,25 +362,27 @@ __global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(Spa
   }
   __syncthreads();
   // The score rows are consumed: stage this block's PV lane slice of every row in the same space
-  // (in flight during the score exchange and the softmax terms).
+  // (in flight during the score exchange and the softmax terms); skipped entries as zeros.
   const int64_t kbase = rank * ks, pairs = ks / 2;
   {
     const int kb32 = static_cast<int>(kbase);
     const int width = (d32 - kb32 < ks32 ? d32 - kb32 : ks32);  // lanes of this slice inside d
+    // A 16-byte aligned global address inside the list's allocation; never read (0 source bytes).
+    const void* dummy = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(a.list) & ~uintptr_t{15});
     if (width > 0) {
       if (ks32 % 8 == 0) {  // 16-byte pieces (kbase is then a multiple of 8 as well)
         const int vpr = width / 8;
-        for (int v = tid; v < n32 * vpr; v += kSplitThreads) {
+        for (int v = tid; v < n32 * vpr; v += T) {
           const int j = v / vpr, vv = v % vpr;
           const uint16_t* row = rowptr[j];
-          if (row) cp_async16(stage + j * ks32 + vv * 8, row + kb32 + vv * 8);
+          split_cp16(stage + j * ks32 + vv * 8, row ? row + kb32 + vv * 8 : dummy, row ? 16u : 0u);
         }
       } else {  // 4-byte pieces (lane pairs)
         const int vpr = width / 2;
-        for (int v = tid; v < n32 * vpr; v += kSplitThreads) {
+        for (int v = tid; v < n32 * vpr; v += T) {
           const int j = v / vpr, vv = v % vpr;
           const uint16_t* row = rowptr[j];
-          if (row) cp_async4(stage + j * ks32 + vv * 2, row + kb32 + vv * 2);
+          split_cp4(stage + j * ks32 + vv * 2, row ? row + kb32 + vv * 2 : dummy, row ? 4u : 0u);
         }
       }
     }
@@ -366,7 +390,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(Spa
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
   // gemm_dot_f32's total (0 + block 0 + block 1), times the scale; -inf for a skipped entry. Every
   // block of the cluster gets the score.
-  for (int64_t task = tid; task < kSplitHeads * R; task += kSplitThreads) {
+  for (int64_t task = tid; task < G * R; task += T) {
     const int64_t h = task / R, jj = task % R, j = rank * R + jj;
     if (j >= n) continue;
     float sv = -INFINITY;
@@ -376,12 +400,13 @@ __global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(Spa
       sv = __fmul_rn(tot, a.scale);
     }
 #pragma unroll
-    for (int r = 0; r < kCluster; ++r) cluster.map_shared_rank(sc, r)[h * n + j] = sv;
+    for (int r = 0; r < C; ++r) cluster.map_shared_rank(sc, r)[h * n + j] = sv;
   }
   cluster.sync();
 
-  // ---- per (head, chunk): running max before and after the chunk, c, probabilities, psum.
-  for (int64_t task = warp; task < nh * nc; task += kSplitWarps) {
+  // ---- 2. per (head, chunk), on warp task / C of block task % C: the running max before and after
+  // the chunk, c, probabilities, psum; the results go to every block.
+  for (int64_t task = rank + static_cast<int64_t>(C) * warp; task < nh * nc; task += static_cast<int64_t>(C) * kWarpsT) {
     const int64_t h = task / nc, c = task % nc, c0 = c * kChunk;
     const int cn = static_cast<int>(n - c0 < kChunk ? n - c0 : kChunk);
     const float* sh = sc + h * n;
@@ -397,36 +422,43 @@ __global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(Spa
     for (int j = lane; j < cn; j += 32) {
       const float pj = dev::exp_ref(__fsub_rn(sh[c0 + j], m_new));
       ps[j] = pj;
-      pbuf[(c0 + j) * kSplitHeads + h] = dev::bf16_round(pj);
+      const float pbj = dev::bf16_round(pj);
+      if constexpr (PB == 4) {
+#pragma unroll
+        for (int r = 0; r < C; ++r) cluster.map_shared_rank(pbuf, r)[(c0 + j) * G + h] = pbj;
+      } else {
+        const uint16_t bits = static_cast<uint16_t>(__float_as_uint(pbj) >> 16);
+#pragma unroll
+        for (int r = 0; r < C; ++r) cluster.map_shared_rank(pbuf16, r)[(c0 + j) * G + h] = bits;
+      }
     }
     __syncwarp();
     const float psum = dev::warp_torch_sum([&](int64_t i) { return ps[i]; }, cn);
-    if (lane == 0) {
-      ccs[h * nc + c] = cval;
-      psums[h * nc + c] = psum;
-      if (c == nc - 1) mlast[h] = m_new;
+    if (lane < C) {
+      cluster.map_shared_rank(ccs, lane)[h * nc + c] = cval;
+      cluster.map_shared_rank(psums, lane)[h * nc + c] = psum;
+      if (c == nc - 1) cluster.map_shared_rank(mlast, lane)[h] = m_new;
     }
     __syncwarp();
   }
-  __syncthreads();
+  cluster.sync();
   if (tid < nh) {
     float l = 0.0f;
     for (int64_t c = 0; c < nc; ++c) l = __fadd_rn(__fmul_rn(l, ccs[tid * nc + c]), psums[tid * nc + c]);
-    const float m = nc > 0 ? mlast[tid] : -1e30f;
-    lden[tid] = __fadd_rn(l, dev::exp_ref(__fsub_rn(a.sink[h0 + tid], m)));
+    lden[tid] = __fadd_rn(l, dev::exp_ref(__fsub_rn(a.sink[h0 + tid], mlast[tid])));
   }
 
-  cp_async_wait_all();
+  split_cp_wait_all();
   __syncthreads();
-  // ---- PV of each chunk for this block's d lanes [rank·ks, rank·ks + ks): one thread per (chunk,
-  // lane pair), all heads; rows in list order, skipped entries skipped.
-  for (int64_t task = tid; task < nc * pairs; task += kSplitThreads) {
+  // ---- 3. PV of each chunk for this block's d lanes [rank·ks, rank·ks + ks): one thread per (chunk,
+  // lane pair), all heads; rows in list order (skipped entries add +0).
+  for (int64_t task = tid; task < nc * pairs; task += T) {
     const int64_t c = task / pairs, k = kbase + 2 * (task % pairs), c0 = c * kChunk;
     if (k >= d) continue;
     const int cn = static_cast<int>(n - c0 < kChunk ? n - c0 : kChunk);
-    float pv[kSplitHeads][2];
+    float pv[G][2];
 #pragma unroll
-    for (int h = 0; h < kSplitHeads; ++h) pv[h][0] = pv[h][1] = 0.0f;
+    for (int h = 0; h < G; ++h) pv[h][0] = pv[h][1] = 0.0f;
     const uint16_t* lanes = stage + (k - kbase);
     for (int j0 = 0; j0 < cn; j0 += 8) {
       uint32_t v[8];
@@ -436,12 +468,25 @@ __global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(Spa
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         if (j0 + i >= cn) break;
-        if (!rowptr[c0 + j0 + i]) continue;
-        const float4 p4 = *reinterpret_cast<const float4*>(pbuf + (c0 + j0 + i) * kSplitHeads);
-        const float pbh[4] = {p4.x, p4.y, p4.z, p4.w};
+        float pbh[G];
+        if constexpr (PB == 4) {
+          const float4* p4 = reinterpret_cast<const float4*>(pbuf + (c0 + j0 + i) * G);
+#pragma unroll
+          for (int g = 0; g < G / 4; ++g) {
+            const float4 x = p4[g];
+            pbh[4 * g] = x.x, pbh[4 * g + 1] = x.y, pbh[4 * g + 2] = x.z, pbh[4 * g + 3] = x.w;
+          }
+        } else {
+          const uint2* p2 = reinterpret_cast<const uint2*>(pbuf16 + (c0 + j0 + i) * G);
+#pragma unroll
+          for (int g = 0; g < G / 4; ++g) {
+            const uint2 x = p2[g];
+            pbh[4 * g] = bf16_lo(x.x), pbh[4 * g + 1] = bf16_hi(x.x), pbh[4 * g + 2] = bf16_lo(x.y), pbh[4 * g + 3] = bf16_hi(x.y);
+          }
+        }
         const float x0 = bf16_lo(v[i]), x1 = bf16_hi(v[i]);
 #pragma unroll
-        for (int h = 0; h < kSplitHeads; ++h) {
+        for (int h = 0; h < G; ++h) {
           pv[h][0] = __fadd_rn(pv[h][0], __fmul_rn(pbh[h], x0));
           pv[h][1] = __fadd_rn(pv[h][1], __fmul_rn(pbh[h], x1));
         }
@@ -449,24 +494,133 @@ __global__ void __launch_bounds__(kSplitThreads, 1) sparse_attn_split_kernel(Spa
     }
     const int64_t kk = k - kbase;
 #pragma unroll
-    for (int h = 0; h < kSplitHeads; ++h) {
-      pvs[(c * kSplitHeads + h) * ks + kk] = pv[h][0];
-      pvs[(c * kSplitHeads + h) * ks + kk + 1] = pv[h][1];
+    for (int h = 0; h < G; ++h) {
+      pvs[(c * G + h) * ks + kk] = pv[h][0];
+      pvs[(c * G + h) * ks + kk + 1] = pv[h][1];
     }
   }
   __syncthreads();
   // ---- acc = acc·c + pv over the chunks in order; out = bf16(acc / l).
-  for (int64_t task = tid; task < nh * ks; task += kSplitThreads) {
+  for (int64_t task = tid; task < nh * ks; task += T) {
     const int64_t h = task / ks, kk = task % ks, k = kbase + kk;
     if (k >= d) continue;
     float acc = 0.0f;
-    for (int64_t c = 0; c < nc; ++c) acc = __fadd_rn(__fmul_rn(acc, ccs[h * nc + c]), pvs[(c * kSplitHeads + h) * ks + kk]);
+    for (int64_t c = 0; c < nc; ++c) acc = __fadd_rn(__fmul_rn(acc, ccs[h * nc + c]), pvs[(c * G + h) * ks + kk]);
     a.out[(t * a.heads + h0 + h) * d + k] = dev::bf16_round(__fdiv_rn(acc, lden[h]));
   }
 #endif
 }
 
 #include "ops/sparse_attn_tiled.cuh"
+
+// One split variant: cluster size C, G heads per cluster, T threads per block, MinBlocks per SM, PB
+// bytes per staged probability.
+template <int C, int G, int T, int MinBlocks, int PB>
+struct SplitVariant {
+  static constexpr void (*fn)(SparseAttnArgs) = sparse_attn_split_kernel<C, G, T, MinBlocks, PB>;
+  static size_t smem(const SparseAttnArgs& a) { return split_layout<C, G, T, PB>(a.list_len, a.d).total; }
+  static bool shape_ok(const SparseAttnArgs& a) {
+    return a.list_len >= 1 && a.list_len <= kSplitMaxList && a.d >= 8 && a.d <= 512 && a.d % 8 == 0 && a.n_q <= 65535 &&
+           (a.heads + G - 1) / G <= 65535 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0;
+  }
+  static cudaLaunchConfig_t config(const SparseAttnArgs& a, size_t smem_bytes, cudaStream_t s, cudaLaunchAttribute* attr) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(C, static_cast<unsigned>((a.heads + G - 1) / G), static_cast<unsigned>(a.n_q < 1 ? 1 : a.n_q));
+    cfg.blockDim = dim3(T);
+    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.stream = s;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = C;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+  }
+  // Per device, once (the first launch, outside any graph capture in practice): cluster support,
+  // the shared-memory opt-in raised to the largest supported layout and the non-portable cluster
+  // size where C > 8 (no occupancy query here: it is not allowed inside a stream capture). ok =
+  // false where the device cannot run this variant.
+  static cudaError_t ready(bool& ok) {
+    static int state[64] = {};  // 0 unknown, 1 ready, -1 not on this device
+    ok = false;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    if (dev < 0 || dev >= 64) return cudaSuccess;
+    if (state[dev] == 0) {
+      int v = 0;
+      e = cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev);
+      if (e != cudaSuccess) return e;
+      state[dev] = -1;
+      SparseAttnArgs big;
+      big.list_len = kSplitMaxList;
+      big.d = 512;
+      big.heads = G;
+      big.n_q = 1;
+      const size_t want = smem(big);
+      if (v && cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(want)) == cudaSuccess &&
+          (C <= 8 || cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess)) {
+        // Several blocks per SM need the largest shared-memory carveout (a hint; refusal is harmless).
+        if (MinBlocks > 1) (void)cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+        state[dev] = 1;
+      }
+      (void)cudaGetLastError();  // a refused attribute or query leaves nothing behind
+    }
+    ok = state[dev] > 0;
+    return cudaSuccess;
+  }
+  static cudaError_t launch(const SparseAttnArgs& a, cudaStream_t s) {
+    if (a.n_q == 0) return cudaSuccess;
+    if (!shape_ok(a)) return cudaErrorNotSupported;
+    bool ok = false;
+    cudaError_t e = ready(ok);
+    if (e != cudaSuccess) return e;
+    if (!ok) return cudaErrorNotSupported;
+    cudaLaunchAttribute attr[2];
+    cudaLaunchConfig_t cfg = config(a, smem(a), s, attr);
+    cfg.numAttrs = add_pdl_attribute(attr, 1);  // programmatic dependent launch, as launch_pdl
+    e = cudaLaunchKernelEx(&cfg, fn, a);
+    if (e != cudaSuccess && cfg.numAttrs > 1) {  // a stream or driver that rejects PDL with clusters
+      (void)cudaGetLastError();
+      cfg.numAttrs = 1;
+      e = cudaLaunchKernelEx(&cfg, fn, a);
+    }
+    return e;
+  }
+  static int max_clusters(const SparseAttnArgs& a) {
+    bool ok = false;
+    if (!shape_ok(a) || ready(ok) != cudaSuccess || !ok) return 0;
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = config(a, smem(a), nullptr, attr);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return clusters;
+  }
+};
+
+// Variant 0: clusters of 8 blocks of 512 threads, 4 heads (one SM per block; 16 clusters of 8 for
+// 64 heads). 1: 16 blocks of 256 threads, 4 heads (half the rows and lanes per block, two blocks per
+// SM). 2: 8 blocks of 256 threads, 4 heads, bf16 probabilities (two blocks per SM at the decode
+// list of 640, so all 16 clusters of one query may be resident at once). Clusters must fit inside
+// one GPC, so how many are resident at once decides the waves per call.
+using SplitV0 = SplitVariant<8, 4, 512, 1, 4>;
+using SplitV1 = SplitVariant<16, 4, 256, 2, 4>;
+using SplitV2 = SplitVariant<8, 4, 256, 2, 2>;
+constexpr int kSplitVariants = 3;
+const char* const kSplitVariantNames[kSplitVariants] = {"c8-h4-t512", "c16-h4-t256", "c8-h4-t256-pb16"};
+
+cudaError_t split_launch(const SparseAttnArgs& a, int v, cudaStream_t s) {
+  switch (v) {
+    case 0: return SplitV0::launch(a, s);
+    case 1: return SplitV1::launch(a, s);
+    case 2: return SplitV2::launch(a, s);
+    default: return cudaErrorNotSupported;
+  }
+}
 
 }  // namespace
 
@@ -492,52 +646,28 @@ cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, 
   return cudaGetLastError();
 }
 
+// The split variant for n_q queries. bench_gpu_attention on the H200, us per call at 640 entries
+// (variants 0 / 1 / 2): 1 query 34.5 / 38.9 / 28.5, 2 queries 52.2 / 62.3 / 52.5, 4 queries
+// 87.1 / 104.0 / 81.1; 128 entries: 20.9 / 23.2 / 12.9. Variant 2 everywhere; variant 0 when a
+// list's layout does not fit its shared memory (sparse_attention_split falls back).
+int split_choice(int64_t /*n_q*/) { return 2; }
+
 cudaError_t sparse_attention_split(const SparseAttnArgs& a, cudaStream_t s) {
-  if (a.n_q == 0) return cudaSuccess;
-  if (a.list_len < 1 || a.list_len > kSplitMaxList || a.d > 512 || a.d % 8 != 0 || a.n_q > 65535 ||
-      (a.heads + kSplitHeads - 1) / kSplitHeads > 65535 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0)
-    return cudaErrorNotSupported;
-  static int cluster_ok[64] = {};  // per device: 0 unknown, 1 yes, -1 no
-  static int configured[64] = {};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < 0 || dev >= 64) return cudaErrorNotSupported;
-  if (cluster_ok[dev] == 0) {
-    int v = 0;
-    e = cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev);
-    if (e != cudaSuccess) return e;
-    cluster_ok[dev] = v ? 1 : -1;
-  }
-  if (cluster_ok[dev] < 0) return cudaErrorNotSupported;
-  // As for the rows kernel: the opt-in is raised once to the largest supported layout, outside any
-  // graph capture in practice (the first launch).
-  const size_t smem = split_layout(a.list_len, a.d).total;
-  const int want = static_cast<int>(split_layout(kSplitMaxList, 512).total);
-  if (configured[dev] < want) {
-    e = cudaFuncSetAttribute(sparse_attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, want);
-    if (e != cudaSuccess) return e;
-    configured[dev] = want;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kCluster, static_cast<unsigned>((a.heads + kSplitHeads - 1) / kSplitHeads), static_cast<unsigned>(a.n_q));
-  cfg.blockDim = dim3(kSplitThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = add_pdl_attribute(attr, 1);  // programmatic dependent launch, as launch_pdl
-  e = cudaLaunchKernelEx(&cfg, sparse_attn_split_kernel, a);
-  if (e != cudaSuccess && cfg.numAttrs > 1) {  // a stream or driver that rejects PDL with clusters
-    (void)cudaGetLastError();
-    cfg.numAttrs = 1;
-    e = cudaLaunchKernelEx(&cfg, sparse_attn_split_kernel, a);
-  }
+  const int v = split_choice(a.n_q);
+  cudaError_t e = split_launch(a, v, s);
+  if (e == cudaErrorNotSupported && v != 0) e = split_launch(a, 0, s);
   return e;
+}
+int sparse_attention_split_variants() { return kSplitVariants; }
+const char* sparse_attention_split_variant_name(int v) { return v >= 0 && v < kSplitVariants ? kSplitVariantNames[v] : "?"; }
+cudaError_t sparse_attention_split_variant(const SparseAttnArgs& a, int v, cudaStream_t s) { return split_launch(a, v, s); }
+int sparse_attention_split_max_clusters(const SparseAttnArgs& a, int v) {
+  switch (v) {
+    case 0: return SplitV0::max_clusters(a);
+    case 1: return SplitV1::max_clusters(a);
+    case 2: return SplitV2::max_clusters(a);
+    default: return 0;
+  }
 }
 
 cudaError_t sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t s) {

@@ -8,9 +8,11 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -35,6 +37,19 @@ struct Collected {
     uint64_t start, end;
     int32_t name;  // index into names
   };
+  // One row of the kernel timeline (DSV41_KERNEL_TIMELINE): the launch shape of every kernel and
+  // the size of every copy, kept only while a timeline file is asked for.
+  struct Launch {
+    uint64_t start, end;
+    int32_t name;     // index into names
+    int32_t detail;   // index into names: demangled signature with template arguments, or copy kind
+    int32_t grid[3] = {0, 0, 0}, block[3] = {0, 0, 0};
+    int32_t registers = 0, dynamic_smem = 0, static_smem = 0;
+    uint64_t bytes = 0;  // copies only
+  };
+  std::vector<Launch> launches_seen;
+  std::string timeline_path;  // empty: no timeline
+  int64_t timeline_window = 0;
   std::vector<Interval> intervals;
   std::vector<std::string> names;
   std::map<std::string, int32_t> name_ids;
@@ -48,13 +63,18 @@ struct Collected {
 };
 Collected g;
 
-// "void ns::(anonymous namespace)::lin4_kernel<float, true>(Args, long)" -> "lin4_kernel".
-std::string short_kernel_name(const char* mangled) {
+std::string demangled(const char* mangled) {
   if (!mangled) return "?";
   int status = 0;
   char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string s = (status == 0 && d) ? d : mangled;
   std::free(d);
+  return s;
+}
+
+// "void ns::(anonymous namespace)::lin4_kernel<float, true>(Args, long)" -> "lin4_kernel".
+std::string short_kernel_name(const char* mangled) {
+  std::string s = demangled(mangled);
   int depth = 0;
   size_t cut = s.size();
   for (size_t i = 0; i < s.size(); ++i) {
@@ -78,6 +98,25 @@ std::string short_kernel_name(const char* mangled) {
   const size_t space = plain.rfind(' ');
   if (space != std::string::npos) plain = plain.substr(space + 1);
   return plain;
+}
+
+// "void ns::(anonymous namespace)::lin4_kernel<float, true>(Args, long)" ->
+// "lin4_kernel<float, true>": tells apart the instantiations that share one short name.
+std::string kernel_signature(const char* mangled) {
+  std::string s = demangled(mangled);
+  int depth = 0;
+  size_t begin = 0, cut = s.size();
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<') ++depth;
+    else if (s[i] == '>') --depth;
+    else if (s[i] == '(' && depth == 0 && s.compare(i, 20, "(anonymous namespace") != 0) {
+      cut = i;
+      break;
+    } else if (depth == 0 && (s[i] == ' ' || (s[i] == ':' && i + 1 < s.size() && s[i + 1] == ':'))) {
+      begin = s[i] == ' ' ? i + 1 : i + 2;  // drop the return type and the namespaces
+    }
+  }
+  return s.substr(begin, cut - begin);
 }
 
 void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void* data) {
@@ -143,6 +182,15 @@ void CUPTIAPI on_buffer_complete(CUcontext, uint32_t, uint8_t* buffer, size_t, s
         ++g.kernels_executed;
         if (k->graphId != 0) ++g.graph_kernels;  // a node of a launched graph
         g.intervals.push_back({k->start, k->end, g.name_id(name)});
+        if (!g.timeline_path.empty()) {
+          Collected::Launch l{k->start, k->end, g.name_id(name), g.name_id(kernel_signature(k->name))};
+          l.grid[0] = k->gridX, l.grid[1] = k->gridY, l.grid[2] = k->gridZ;
+          l.block[0] = k->blockX, l.block[1] = k->blockY, l.block[2] = k->blockZ;
+          l.registers = k->registersPerThread;
+          l.dynamic_smem = k->dynamicSharedMemory;
+          l.static_smem = k->staticSharedMemory;
+          g.launches_seen.push_back(l);
+        }
       } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
         g.copy_ns += static_cast<double>(m->end - m->start);
@@ -151,6 +199,20 @@ void CUPTIAPI on_buffer_complete(CUcontext, uint32_t, uint8_t* buffer, size_t, s
                            : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOD ? "copy DtoD"
                                                                              : "copy";
         g.intervals.push_back({m->start, m->end, g.name_id(kind)});
+        if (!g.timeline_path.empty()) {
+          Collected::Launch l{m->start, m->end, g.name_id(kind), g.name_id(kind)};
+          l.bytes = m->bytes;
+          g.launches_seen.push_back(l);
+        }
+      } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+        g.copy_ns += static_cast<double>(m->end - m->start);
+        g.intervals.push_back({m->start, m->end, g.name_id("memset")});
+        if (!g.timeline_path.empty()) {
+          Collected::Launch l{m->start, m->end, g.name_id("memset"), g.name_id("memset")};
+          l.bytes = m->bytes;
+          g.launches_seen.push_back(l);
+        }
       }
     }
   }
@@ -164,6 +226,48 @@ F sym(void* lib, const char* name, std::string* why) {
   return reinterpret_cast<F>(p);
 }
 
+// Appends the launches of one profiled window to the DSV41_KERNEL_TIMELINE file (the first window
+// of the process truncates it and writes the header), in start order. With PDL a kernel may start
+// before its predecessor ends and its duration then includes that wait: gap_us is negative there.
+// Called with g.mu held.
+void write_timeline() {
+  auto rows = g.launches_seen;
+  std::sort(rows.begin(), rows.end(), [](const Collected::Launch& a, const Collected::Launch& b) {
+    return a.start != b.start ? a.start < b.start : a.end < b.end;
+  });
+  const bool first = g.timeline_window == 0;
+  ++g.timeline_window;
+  std::FILE* f = std::fopen(g.timeline_path.c_str(), first ? "w" : "a");
+  if (!f) {
+    spdlog::warn("DSV41_KERNEL_TIMELINE: cannot open {} for writing", g.timeline_path);
+    return;
+  }
+  if (first)
+    std::fputs(
+        "window,index,name,signature,grid,block,start_us,duration_us,gap_us,registers,dynamic_smem,static_smem,"
+        "bytes\n",
+        f);
+  const uint64_t t0 = rows.empty() ? 0 : rows.front().start;
+  uint64_t prev_end = t0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& l = rows[i];
+    std::string sig = g.names[static_cast<size_t>(l.detail)];
+    std::replace(sig.begin(), sig.end(), '"', '\'');
+    const double gap = (static_cast<double>(l.start) - static_cast<double>(prev_end)) / 1e3;
+    std::fputs(fmt::format("{},{},{},\"{}\",{}x{}x{},{}x{}x{},{:.3f},{:.3f},{:.3f},{},{},{},{}\n", g.timeline_window, i,
+                           g.names[static_cast<size_t>(l.name)], sig, l.grid[0], l.grid[1], l.grid[2], l.block[0],
+                           l.block[1], l.block[2], static_cast<double>(l.start - t0) / 1e3,
+                           static_cast<double>(l.end - l.start) / 1e3, i == 0 ? 0.0 : gap, l.registers,
+                           l.dynamic_smem, l.static_smem, l.bytes)
+                   .c_str(),
+               f);
+    prev_end = l.end;
+  }
+  std::fclose(f);
+  spdlog::info("DSV41_KERNEL_TIMELINE: window {} ({} records) written to {}", g.timeline_window, rows.size(),
+               g.timeline_path);
+}
+
 }  // namespace
 
 struct KernelProfiler::Api {
@@ -174,6 +278,7 @@ struct KernelProfiler::Api {
   CUptiResult (*act_disable)(CUpti_ActivityKind) = nullptr;
   CUptiResult (*act_flush)(uint32_t) = nullptr;
   bool activity = false;
+  bool memset_activity = false;
 };
 
 std::unique_ptr<KernelProfiler> KernelProfiler::create(std::string* why) {
@@ -228,6 +333,9 @@ void KernelProfiler::start() {
     g.kernels_executed = 0;
     g.graph_kernels = 0;
     g.kernel_ns = g.copy_ns = 0;
+    g.launches_seen.clear();
+    const char* tl = std::getenv("DSV41_KERNEL_TIMELINE");
+    g.timeline_path = tl ? tl : "";
   }
   g.launches = 0;
   g.graph_launches = 0;
@@ -236,6 +344,8 @@ void KernelProfiler::start() {
   if (api_->activity)
     api_->activity = api_->act_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS &&
                      api_->act_enable(CUPTI_ACTIVITY_KIND_MEMCPY) == CUPTI_SUCCESS;
+  // Memsets are GPU work too (busy time, timeline); a CUPTI without them still gives the rest.
+  if (api_->activity) api_->memset_activity = api_->act_enable(CUPTI_ACTIVITY_KIND_MEMSET) == CUPTI_SUCCESS;
   g.on = true;
 }
 
@@ -247,6 +357,7 @@ ProfileCounts KernelProfiler::stop() {
     api_->act_flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     api_->act_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     api_->act_disable(CUPTI_ACTIVITY_KIND_MEMCPY);
+    if (api_->memset_activity) api_->act_disable(CUPTI_ACTIVITY_KIND_MEMSET);
   }
   out.launches = g.launches;
   out.graph_launches = g.graph_launches;
@@ -299,6 +410,7 @@ ProfileCounts KernelProfiler::stop() {
   std::sort(out.gaps.begin(), out.gaps.end(),
             [](const IdleGap& a, const IdleGap& b) { return a.total_ns > b.total_ns; });
   for (const auto& [name, st] : g.kernels) out.kernels.push_back(st);
+  if (!g.timeline_path.empty()) write_timeline();
   std::sort(out.kernels.begin(), out.kernels.end(),
             [](const KernelStat& a, const KernelStat& b) { return a.total_ns > b.total_ns; });
   return out;

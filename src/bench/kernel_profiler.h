@@ -7,6 +7,11 @@
 //    cudaDeviceSynchronize): what the host code issued;
 //  - activity records (every kernel and copy the GPU executed, with start/end time stamps): the
 //    per-kernel time breakdown and the GPU-busy time of the stretch.
+// Kernel timeline: with the environment variable DSV41_KERNEL_TIMELINE=<file>, every stop() also
+// writes each kernel/copy/memset of the profiled window, in start order, as CSV rows (window, name,
+// launch shape, start and duration, gap to the previous record's end, registers, shared memory,
+// copy bytes); windows are numbered from 1 and appended to the one file. Run with DSV41_NO_PDL=1
+// for each kernel's own duration (with PDL it includes the wait for its predecessor).
 // Used by `dsv41-serve bench` in a separate pass after the timed steps, so the small per-call
 // overhead of the callbacks does not enter the timings.
 #pragma once

@@ -35,6 +35,50 @@ void select_index_row(const float* scores, int64_t T, int64_t n_vis, int64_t k, 
   for (int64_t j = 0; j < k; ++j) out[j] = sel[static_cast<size_t>(j)] >= n_vis ? -1 : sel[static_cast<size_t>(j)];
 }
 
+HostPhaseTimer::Clock::time_point Impl::index_score_slices(int64_t slices, const std::function<void()>& deferred,
+                                                           const std::function<void(int64_t, float*, float*)>& issue,
+                                                           const std::function<void(int64_t, const float*)>& select,
+                                                           bool decode_timing) {
+  DSV_ASSERT(slices >= 1 && (slices == 1 || sc.score_buffers == 2), "index scores: {} slices with {} buffers", slices,
+             sc.score_buffers);
+  auto dev = [&](int64_t s) { return sc.scores + (s % 2) * sc.score_slice_floats; };
+  auto host = [&](int64_t s) { return scores_host.data() + (s % 2) * sc.score_slice_floats; };
+  // Whether slice s's download has an event of its own (issued outside a graph capture).
+  std::array<bool, 2> recorded{false, false};
+  issue(0, dev(0), host(0));
+  auto t_host = host_phases.now();
+  if (deferred) {
+    host_point_mark();
+    deferred();
+    t_host = host_phases.now();  // the launches stay in the layers' issue time
+  }
+  for (int64_t s = 0; s < slices; ++s) {
+    if (s + 1 < slices) {
+      // Buffer (s+1)%2 last held slice s-1: its download and selection are done (stream order, and
+      // the host finished selecting it before this iteration).
+      issue(s + 1, dev(s + 1), host(s + 1));
+      const bool eager = host_point_can_defer();
+      if (eager) {
+        cudaEvent_t& e = score_slice_ready[static_cast<size_t>((s + 1) % 2)];
+        if (!e) gpu::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
+        gpu::check_cuda(cudaEventRecord(e, stream), "index score slice event");
+      }
+      recorded[static_cast<size_t>((s + 1) % 2)] = eager;
+    }
+    if (s == 0) {
+      if (deferred) host_point_wait("index scores");  // the GPU goes on with the deferred work meanwhile
+      else host_point_sync("index scores");            // a decode step's graph segment ends here (cuda_step.cpp)
+      if (decode_timing) t_host = host_phases.add(HostPhase::TopkWait, t_host);
+    } else if (recorded[static_cast<size_t>(s % 2)]) {
+      gpu::check_cuda(cudaEventSynchronize(score_slice_ready[static_cast<size_t>(s % 2)]), "index score slice");
+    } else {
+      host_point_sync("index score slice");  // issued inside a capture that the first wait ended
+    }
+    select(s, host(s));
+  }
+  return t_host;
+}
+
 gpu::CompressorWeights Impl::compressor_weights(const GpuBlock& b) const {
   const ModelConfig& c = cfg;
   gpu::CompressorWeights w;
@@ -229,50 +273,53 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         const GpuKvSource& keys = st.kv[static_cast<size_t>(key_src)];
         const bool key_rows = blocks[static_cast<size_t>(key_src)].has_index_keys;
         gpu::IndexerArgs ia;
-        ia.qi = sc.qi;
-        ia.w = sc.iw;
         ia.keys = key_rows ? keys.index_keys.as<uint16_t>() : nullptr;
         ia.n_keys = key_rows ? keys.n_entries : 0;
-        ia.n = n;
         ia.heads = IH;
         ia.head_dim = ID;
         ia.T = T;
-        ia.start = start;
         ia.ratio = ratio;
-        ia.scores = sc.scores;
-        gpu::indexer_scores(ia, stream);
 
         // ---- candidate blocks and top-k on the host (PassShared: the CPU engine's tie order) ----
+        // Rows in slices of the score buffer (one slice unless the pass's rows x T exceed it): each
+        // row's scores and selection depend on that row alone, so slicing changes no result.
         const bool is_cand_src = L == c.candidate_source_layer_id;
         const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < L;
-        float* scores = scores_host.data();
-        gpu::check_cuda(cudaMemcpyAsync(scores, sc.scores, static_cast<size_t>(n * T) * 4, cudaMemcpyDeviceToHost,
-                                        stream),
-                        "index scores download");
-        auto t_host = host_phases.now();
-        if (defer_rest) {
-          host_point_mark();
-          project_q_rest(b, n, at, qrq, kv_bits);
-          t_host = host_phases.now();  // the launches stay in the layers' issue time
-          host_point_wait("index scores");  // the GPU goes on with project_q_rest meanwhile
-        } else {
-          host_point_sync("index scores");  // a decode step's graph segment ends here (cuda_step.cpp)
-        }
-        if (p.decode) t_host = host_phases.add(HostPhase::TopkWait, t_host);
         if (is_cand_src) {
           shared.candidates.assign(static_cast<size_t>(n), {});
           shared.has_candidates = true;
         }
         const int64_t k = std::min(c.index_topk, T);
         int32_t* sel_out = topk_host.data();
-        parallel_for(n, [&](int64_t t0, int64_t t1) {
-          for (int64_t t = t0; t < t1; ++t) {
-            const auto u = static_cast<size_t>(t);
-            select_index_row(scores + t * T, T, (start + t + 1) / ratio, k, c, is_cand_src,
-                             uses_cand && shared.has_candidates, shared.has_candidates ? &shared.candidates[u] : nullptr,
-                             sel_out + t * k);
-          }
-        });
+        const int64_t rows_per_slice = std::clamp<int64_t>(sc.score_slice_floats / T, 1, n);
+        const int64_t slices = (n + rows_per_slice - 1) / rows_per_slice;
+        auto issue = [&](int64_t s, float* dev, float* host) {
+          const int64_t r0 = s * rows_per_slice, rows = std::min(rows_per_slice, n - r0);
+          gpu::IndexerArgs sa = ia;
+          sa.qi = sc.qi + r0 * IH * ID;
+          sa.w = sc.iw + r0 * IH;
+          sa.n = rows;
+          sa.start = start + r0;
+          sa.scores = dev;
+          gpu::indexer_scores(sa, stream);
+          gpu::check_cuda(cudaMemcpyAsync(host, dev, static_cast<size_t>(rows * T) * 4, cudaMemcpyDeviceToHost, stream),
+                          "index scores download");
+        };
+        auto select = [&](int64_t s, const float* scores) {
+          const int64_t r0 = s * rows_per_slice, rows = std::min(rows_per_slice, n - r0);
+          parallel_for(rows, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) {
+              const int64_t t = r0 + i;
+              const auto u = static_cast<size_t>(t);
+              select_index_row(scores + i * T, T, (start + t + 1) / ratio, k, c, is_cand_src,
+                               uses_cand && shared.has_candidates,
+                               shared.has_candidates ? &shared.candidates[u] : nullptr, sel_out + t * k);
+            }
+          });
+        };
+        std::function<void()> deferred;
+        if (defer_rest) deferred = [&] { project_q_rest(b, n, at, qrq, kv_bits); };
+        auto t_host = index_score_slices(slices, deferred, issue, select, p.decode);
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(n * k) * 4, cudaMemcpyHostToDevice, stream),
                         "top-k upload");
         host_point_resume();  // the next graph segment starts after the eager upload

@@ -304,61 +304,77 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
       if (total > 0) {
         const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
         index_queries(b, n, at, qrq, xq);
-        for (int64_t i = 0; i < n; ++i) {
-          const auto u = static_cast<size_t>(i);
-          if (T[u] == 0) continue;
-          const CudaSeqState& st = seq(i);
-          int64_t key_src = c.kv_source_for(L);
-          if (!opts.corrected_index_keys && st.last_key_publisher >= 0) key_src = st.last_key_publisher;
-          DSV_CHECK(key_src >= 0, "layer {}: index source without a KV source", L);
-          const GpuKvSource& keys = st.kv[static_cast<size_t>(key_src)];
-          const bool key_rows = blocks[static_cast<size_t>(key_src)].has_index_keys;
-          gpu::IndexerArgs ia;
-          ia.qi = sc.qi + i * IH * ID;
-          ia.w = sc.iw + i * IH;
-          ia.keys = key_rows ? keys.index_keys.as<uint16_t>() : nullptr;
-          ia.n_keys = key_rows ? keys.n_entries : 0;
-          ia.n = 1;
-          ia.heads = IH;
-          ia.head_dim = ID;
-          ia.T = T[u];
-          ia.start = pos(i);
-          ia.ratio = ratio;
-          ia.scores = sc.scores + soff[u];
-          gpu::indexer_scores(ia, stream);
+        // Row groups of at most one score buffer (rows in order; one group unless the rows' score
+        // columns together exceed it): group g's rows [gfirst[g], gfirst[g+1]) at soff offsets
+        // relative to its first row's.
+        std::vector<int64_t> gfirst{0};
+        for (int64_t i = 0, used = 0; i < n; ++i) {
+          const int64_t t = T[static_cast<size_t>(i)];
+          if (used + t > sc.score_slice_floats && i > gfirst.back()) {
+            gfirst.push_back(i);
+            used = 0;
+          }
+          used += t;
         }
-
-        // ---- candidate blocks and top-k on the host, every row's in one round trip ----
-        const bool is_cand_src = L == c.candidate_source_layer_id;
-        const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < L;
-        float* scores = scores_host.data();
-        gpu::check_cuda(cudaMemcpyAsync(scores, sc.scores, static_cast<size_t>(total) * 4, cudaMemcpyDeviceToHost, stream),
-                        "index scores download");
-        auto t_host = host_phases.now();
-        if (defer_rest) {
-          host_point_mark();
-          project_rest();
-          t_host = host_phases.now();  // the launches stay in the layers' issue time
-          host_point_wait("index scores");  // the GPU goes on with project_rest meanwhile
-        } else {
-          host_point_sync("index scores");  // a decode step's graph segment ends here (cuda_step.cpp)
-        }
-        t_host = host_phases.add(HostPhase::TopkWait, t_host);
-        int32_t* sel_out = topk_host.data();
-        parallel_for(n, [&](int64_t i0, int64_t i1) {
+        gfirst.push_back(n);
+        const int64_t groups = static_cast<int64_t>(gfirst.size()) - 1;
+        auto issue = [&](int64_t g, float* dev, float* host) {
+          const int64_t i0 = gfirst[static_cast<size_t>(g)], i1 = gfirst[static_cast<size_t>(g + 1)];
+          const int64_t base = soff[static_cast<size_t>(i0)];
           for (int64_t i = i0; i < i1; ++i) {
             const auto u = static_cast<size_t>(i);
             if (T[u] == 0) continue;
-            PassShared& shared = db.shared[u];
-            if (is_cand_src) {
-              shared.candidates.assign(1, {});
-              shared.has_candidates = true;
-            }
-            select_index_row(scores + soff[u], T[u], (pos(i) + 1) / ratio, k_row[u], c, is_cand_src,
-                             uses_cand && shared.has_candidates,
-                             shared.has_candidates ? &shared.candidates[0] : nullptr, sel_out + db.topk_off[u]);
+            const CudaSeqState& st = seq(i);
+            int64_t key_src = c.kv_source_for(L);
+            if (!opts.corrected_index_keys && st.last_key_publisher >= 0) key_src = st.last_key_publisher;
+            DSV_CHECK(key_src >= 0, "layer {}: index source without a KV source", L);
+            const GpuKvSource& keys = st.kv[static_cast<size_t>(key_src)];
+            const bool key_rows = blocks[static_cast<size_t>(key_src)].has_index_keys;
+            gpu::IndexerArgs ia;
+            ia.qi = sc.qi + i * IH * ID;
+            ia.w = sc.iw + i * IH;
+            ia.keys = key_rows ? keys.index_keys.as<uint16_t>() : nullptr;
+            ia.n_keys = key_rows ? keys.n_entries : 0;
+            ia.n = 1;
+            ia.heads = IH;
+            ia.head_dim = ID;
+            ia.T = T[u];
+            ia.start = pos(i);
+            ia.ratio = ratio;
+            ia.scores = dev + (soff[u] - base);
+            gpu::indexer_scores(ia, stream);
           }
-        });
+          const int64_t floats = (i1 < n ? soff[static_cast<size_t>(i1)] : total) - base;
+          if (floats > 0)
+            gpu::check_cuda(cudaMemcpyAsync(host, dev, static_cast<size_t>(floats) * 4, cudaMemcpyDeviceToHost, stream),
+                            "index scores download");
+        };
+
+        // ---- candidate blocks and top-k on the host, every row's in one round trip per group ----
+        const bool is_cand_src = L == c.candidate_source_layer_id;
+        const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < L;
+        int32_t* sel_out = topk_host.data();
+        auto select = [&](int64_t g, const float* scores) {
+          const int64_t i0 = gfirst[static_cast<size_t>(g)], i1 = gfirst[static_cast<size_t>(g + 1)];
+          const int64_t base = soff[static_cast<size_t>(i0)];
+          parallel_for(i1 - i0, [&](int64_t j0, int64_t j1) {
+            for (int64_t i = i0 + j0; i < i0 + j1; ++i) {
+              const auto u = static_cast<size_t>(i);
+              if (T[u] == 0) continue;
+              PassShared& shared = db.shared[u];
+              if (is_cand_src) {
+                shared.candidates.assign(1, {});
+                shared.has_candidates = true;
+              }
+              select_index_row(scores + (soff[u] - base), T[u], (pos(i) + 1) / ratio, k_row[u], c, is_cand_src,
+                               uses_cand && shared.has_candidates,
+                               shared.has_candidates ? &shared.candidates[0] : nullptr, sel_out + db.topk_off[u]);
+            }
+          });
+        };
+        std::function<void()> deferred;
+        if (defer_rest) deferred = project_rest;
+        auto t_host = index_score_slices(groups, deferred, issue, select, true);
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(kept) * 4, cudaMemcpyHostToDevice, stream),
                         "top-k upload");
         host_point_resume();  // the next graph segment starts after the eager upload

@@ -140,6 +140,10 @@ struct Scratch {
   DeviceBuffer arena;
   int64_t m = 0, t_max = 0;  // tokens per pass, score columns
   int64_t logit_rows = 0;    // rows of `logits`: min(m, CudaModelOptions::max_logit_rows)
+  // Index scores (`scores` and Impl::scores_host): score_buffers buffers of score_slice_floats
+  // each (index_score_slicing): a pass's rows are scored and selected in slices of at most one
+  // buffer, alternating between the two when there are several (Impl::index_score_slices).
+  int64_t score_slice_floats = 0, score_buffers = 1;
   float *h = nullptr, *pre = nullptr, *x = nullptr, *y = nullptr, *mix_a = nullptr, *mix_f = nullptr;
   float *qr = nullptr, *q = nullptr, *kv = nullptr, *o = nullptr, *z = nullptr;
   uint16_t *kv_bf16 = nullptr, *staged = nullptr;
@@ -250,6 +254,7 @@ struct Impl {
   bool graphs_on = false;
   cudaEvent_t engram_uploaded = nullptr;  // the last Engram staging upload (engram_stage)
   cudaEvent_t scores_ready = nullptr;     // an eager top-k host point's scores download (host_point_wait)
+  std::array<cudaEvent_t, 2> score_slice_ready{};  // a later index-score slice's download, per buffer
   HostPhaseTimer host_phases;             // DSV41_HOST_PHASES=1: host time of decode steps by phase
   std::shared_ptr<DsparkModel> dspark;  // null: no DSpark stages loaded (cuda_dspark.cpp)
   int64_t dspark_stages = 0;            // DSpark rings per sequence state
@@ -352,6 +357,17 @@ struct Impl {
   bool host_point_can_defer() const;
   void host_point_mark();
   void host_point_wait(const char* what);
+  // The index scores' host round trip in `slices` slices (one buffer each, alternating): issue(s,
+  // dev, host) enqueues slice s's scoring into dev and its download into host; select(s, host) runs
+  // on the host once that download is done. Slice s+1 is issued before the host waits for slice s,
+  // so the GPU scores it while the host selects. `deferred` (when set, eager steps only) is issued
+  // right after slice 0's download and runs on the GPU during the first wait (host_point_mark).
+  // The first wait is the layer's host point (a decode step's graph segment ends there); returns
+  // the host time the first wait began (HostPhaseTimer) for the caller's phase accounting.
+  HostPhaseTimer::Clock::time_point index_score_slices(
+      int64_t slices, const std::function<void()>& deferred,
+      const std::function<void(int64_t, float*, float*)>& issue,
+      const std::function<void(int64_t, const float*)>& select, bool decode_timing);
   void final_rows(int64_t row0, int64_t rows);         // final collapse, norm and head -> sc.logits
   // ---- batched decode (src/cuda_model/cuda_decode_batch.cpp) ----
   // Rows per batched decode pass: the arena's; EXL3 linears pick their kernel path by row count

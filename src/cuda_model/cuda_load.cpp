@@ -65,6 +65,8 @@ Impl::~Impl() {
   graphs.reset();  // executables and any open capture go before their stream
   if (engram_uploaded) cudaEventDestroy(engram_uploaded);
   if (scores_ready) cudaEventDestroy(scores_ready);
+  for (cudaEvent_t e : score_slice_ready)
+    if (e) cudaEventDestroy(e);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -345,6 +347,8 @@ void Impl::load(const std::string& dir) {
             "config: scoring_func '{}' is not supported by the CUDA model backend", c.scoring_func);
   DSV_CHECK(opts.max_chunk_tokens >= 1, "CUDA model: max_chunk_tokens must be positive, got {}", opts.max_chunk_tokens);
   DSV_CHECK(opts.max_logit_rows >= 1, "CUDA model: max_logit_rows must be positive, got {}", opts.max_logit_rows);
+  DSV_CHECK(opts.index_score_slice_bytes >= 1, "CUDA model: index_score_slice_bytes must be positive, got {}",
+            opts.index_score_slice_bytes);
   int n_dev = 0;
   ops::gpu::check_cuda(cudaGetDeviceCount(&n_dev), "cudaGetDeviceCount");
   DSV_CHECK(opts.device >= 0 && opts.device < n_dev, "CUDA device {} does not exist ({} devices)", opts.device, n_dev);
@@ -516,6 +520,10 @@ void Impl::alloc_scratch() {
   s.m = m;
   s.logit_rows = std::min(m, opts.max_logit_rows);
   s.t_max = t_max;
+  // Index score rows in slices (index_score_slicing): the buffers do not grow with m x t_max.
+  const IndexScoreSlicing slicing = index_score_slicing(m, t_max, opts.index_score_slice_bytes);
+  s.score_slice_floats = slicing.slice_floats();
+  s.score_buffers = slicing.buffers;
   s.moe_sort_ints = ops::gpu::moe_grouped_sort_ints(m * K, E);
   const int64_t f = 4;
   std::vector<Piece> pieces = {
@@ -544,7 +552,7 @@ void Impl::alloc_scratch() {
       {reinterpret_cast<void**>(&s.c_work), m * std::max(hd, ihd) * f},
       {reinterpret_cast<void**>(&s.qi), m * IH * ihd * f},
       {reinterpret_cast<void**>(&s.iw), m * IH * f},
-      {reinterpret_cast<void**>(&s.scores), m * t_max * f},
+      {reinterpret_cast<void**>(&s.scores), slicing.floats() * f},
       {reinterpret_cast<void**>(&s.topk), m * tk * 4},
       {reinterpret_cast<void**>(&s.list), m * (win + tk) * 4},
       {reinterpret_cast<void**>(&s.pool_a), m * 8},
@@ -589,7 +597,7 @@ void Impl::alloc_scratch() {
     ops::gpu::check_cuda(cudaMemcpy(s.slots, iota.data(), iota.size() * 4, cudaMemcpyHostToDevice), "slots upload");
     engram_host.resize(static_cast<size_t>(engram_raw));
   }
-  scores_host.resize(static_cast<size_t>(m * t_max));
+  scores_host.resize(static_cast<size_t>(slicing.floats()));
   topk_host.resize(static_cast<size_t>(m * tk));
 }
 

@@ -8,6 +8,7 @@
 
 #include "dsv41/config/model_config.h"
 #include "dsv41/loader/checkpoint.h"
+#include "dsv41/model/cuda_model.h"
 #include "dsv41/runtime/memory_budget.h"
 #include "dsv41/runtime/memory_source.h"
 
@@ -52,10 +53,11 @@ MemorySource cuda_memory_source(int device);
 
 // Device bytes of the CUDA model's scratch arena for `chunk_tokens` tokens per pass and contexts up
 // to `max_context` (an upper estimate of src/cuda_model alloc_scratch: the forward's activations,
-// the indexer's score rows, and logits for min(chunk_tokens, logit_rows) rows:
-// CudaModelOptions::max_logit_rows).
+// logits for min(chunk_tokens, logit_rows) rows (CudaModelOptions::max_logit_rows), and the
+// indexer's score rows in slices of score_slice_bytes (CudaModelOptions::index_score_slice_bytes):
+// one slice of up to chunk_tokens full rows, or two of at least one row each).
 uint64_t cuda_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens, int64_t max_context,
-                            int64_t logit_rows = 256);
+                            int64_t logit_rows = 256, int64_t score_slice_bytes = model::kIndexScoreSliceBytes);
 
 // The budget table's items for the CUDA engine on one device: all weights (uploaded once), the
 // sequence-state pool (device memory), the scratch arena as workspaces, CUDA graphs and NCCL

@@ -5,7 +5,10 @@
 // (decode, one sequence each) and at prefill pass sizes 64 and 256 (sparse attention also as FLOP/s
 // against the fp32 FMA ceiling). Inputs rotate through enough
 // distinct buffers that the 60 MB L2 cannot serve repeated calls. Every case checks its output: the
-// new kernel against the previous one bit for bit, and once (m = 1) against the CPU reference.
+// new kernel against the previous one bit for bit, and once (m = 1) against the CPU reference. At
+// decode sizes every variant of the split attention kernel (with the clusters the device holds at
+// once) and of the tiled indexer is timed and checked as well; the window-only list (a layer
+// without compressed rows) is timed at 1 and 4 queries.
 //
 // Usage: bench_gpu_attention            (prints one line per case)
 #include <cuda_runtime.h>
@@ -79,7 +82,7 @@ double time_calls(const std::function<void(int)>& launch, int instances) {
 
 void report(const char* op, const std::string& shape, const char* kernel, double us, double bytes) {
   const double gbs = bytes / (us * 1e-6) / 1e9;
-  std::printf("%-12s %-34s %-7s %9.1f us/call %8.1f GB/s %6.2f %% of 4.3 TB/s\n", op, shape.c_str(), kernel, us, gbs,
+  std::printf("%-12s %-34s %-15s %9.1f us/call %8.1f GB/s %6.2f %% of 4.3 TB/s\n", op, shape.c_str(), kernel, us, gbs,
               100.0 * gbs * 1e9 / kCopyCeiling);
 }
 
@@ -99,8 +102,10 @@ std::vector<uint16_t> random_bf16(size_t n, uint64_t seed, float sd = 1.0f) {
 }
 
 // ---- sparse attention --------------------------------------------------------------------------
-void bench_sparse_attn(const ModelConfig& c, int64_t m) {
-  const int64_t H = c.num_attention_heads, d = c.head_dim, win = c.sliding_window, L = win + c.index_topk;
+// list_len 0: window + index_topk (a compressed layer); the window alone is a layer without one.
+void bench_sparse_attn(const ModelConfig& c, int64_t m, int64_t list_len = 0) {
+  const int64_t H = c.num_attention_heads, d = c.head_dim, win = c.sliding_window;
+  const int64_t L = list_len > 0 ? list_len : win + c.index_topk;
   const std::string shape = "m=" + std::to_string(m) + " H=" + std::to_string(H) + " d=" + std::to_string(d) +
                             " rows=" + std::to_string(L);
   // Query t of an instance owns L rows; its list names them in order (window rows from pool_a, the
@@ -166,6 +171,27 @@ void bench_sparse_attn(const ModelConfig& c, int64_t m) {
   const double us_old = time_calls(old_call, instances), us_new = time_calls(new_call, instances);
   report("sparse_attn", shape, "before", us_old, bytes);
   report("sparse_attn", shape, "after", us_new, bytes);
+  // Decode shapes: every split variant (checked bit for bit against the rows kernel), with the
+  // clusters the device holds at once.
+  if (m <= 32)
+    for (int v = 0; v < gpu::raw::sparse_attention_split_variants(); ++v) {
+      const char* name = gpu::raw::sparse_attention_split_variant_name(v);
+      if (gpu::raw::sparse_attention_split_variant(args(0, out_new.as<float>()), v, nullptr) == cudaErrorNotSupported) {
+        std::printf("%-12s %-34s split variant %s: not supported here\n", "sparse_attn", shape.c_str(), name);
+        continue;
+      }
+      auto var_call = [&](int i) {
+        ck(gpu::raw::sparse_attention_split_variant(args(i, out_new.as<float>()), v, nullptr), "split variant");
+      };
+      const int clusters = gpu::raw::sparse_attention_split_max_clusters(args(0, out_new.as<float>()), v);
+      ck(cudaDeviceSynchronize(), "split variant");
+      out_new.download(got.data(), got.size() * 4);
+      check(std::memcmp(got.data(), prev.data(), got.size() * 4) == 0,
+            "sparse_attn " + shape + ": split variant " + name + " differs from the rows kernel");
+      const double us = time_calls(var_call, instances);
+      std::printf("%-12s %-34s %-15s %9.1f us/call  variant %s, %d clusters resident\n", "sparse_attn", shape.c_str(), "split", us,
+                  name, clusters);
+    }
   // Arithmetic: per query, list entries x heads x d x 2 (score fma) + the same again (PV), as FLOP;
   // the exact fp32 chains rule out tensor cores, so the fp32 FMA peak is the ceiling.
   const double flop = static_cast<double>(m) * L * H * d * 2.0 * 2.0;
@@ -238,6 +264,21 @@ void bench_indexer(const ModelConfig& c, int64_t m, int64_t T) {
   const double bytes = static_cast<double>(key_bytes) + m * IH * ID * 4.0 + m * IH * 4.0 + m * T * 4.0;
   report("indexer", shape, "before", time_calls(old_call, instances), bytes);
   report("indexer", shape, "after", time_calls(new_call, instances), bytes);
+  // Decode shapes: every tiled variant, checked bit for bit against the warp kernel.
+  if (m <= 4)
+    for (int v = 0; v < gpu::raw::indexer_scores_tiled_variants(); ++v) {
+      if (gpu::raw::indexer_scores_tiled_variant(args(0, s_new.as<float>()), v, nullptr) == cudaErrorNotSupported) {
+        std::printf("%-12s %-34s tiled variant %s: not supported here\n", "indexer", shape.c_str(),
+                    gpu::raw::indexer_scores_tiled_variant_name(v));
+        continue;
+      }
+      auto var_call = [&](int i) { ck(gpu::raw::indexer_scores_tiled_variant(args(i, s_new.as<float>()), v, nullptr), "tiled variant"); };
+      ck(cudaDeviceSynchronize(), "tiled variant");
+      s_new.download(got.data(), got.size() * 4);
+      check(std::memcmp(got.data(), prev.data(), got.size() * 4) == 0,
+            "indexer " + shape + ": tiled variant " + gpu::raw::indexer_scores_tiled_variant_name(v) + " differs from the warp kernel");
+      report("indexer", shape, gpu::raw::indexer_scores_tiled_variant_name(v), time_calls(var_call, instances), bytes);
+    }
 }
 
 }  // namespace
@@ -249,8 +290,13 @@ int main() {
     ck(cudaGetDeviceProperties(&prop, 0), "device properties");
     std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     for (int64_t m : {1, 2, 4, 64, 256}) bench_sparse_attn(c, m);
+    for (int64_t m : {1, 4}) bench_sparse_attn(c, m, c.sliding_window);
+    bench_indexer(c, 1, 1024);
     bench_indexer(c, 1, 2048);
+    bench_indexer(c, 1, 8192);
+    bench_indexer(c, 1, 32768);
     bench_indexer(c, 1, 65536);
+    bench_indexer(c, 4, 2048);
     bench_indexer(c, 2, 65536);
     bench_indexer(c, 4, 65536);
     bench_indexer(c, 256, 4096);

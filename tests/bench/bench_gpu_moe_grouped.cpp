@@ -8,7 +8,12 @@
 // reference engine (model::run_expert on the experts of a few pairs) and the two GPU paths against
 // each other; exits 1 when a check fails.
 //
-// Usage: bench_gpu_moe_grouped            (allocates ~9 GB of device memory)
+// Every pass also runs each tile shape of the grouped path (MoeGroupedArgs::tile_variant 1..4) and
+// checks that they agree bit for bit with the automatic one (every output element's arithmetic is
+// the same whatever the tiling).
+//
+// Usage: bench_gpu_moe_grouped [tokens,tokens,...]   (default 1,16,64,256,512,1024,2048,8192;
+//                                                      allocates ~9 GB of device memory)
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -126,19 +131,19 @@ Pass make_pass(int64_t n, int64_t K, int64_t E, int64_t dim, uint64_t seed) {
 struct Buffers {
   DeviceBuffer x, x_codes, x_scales, ids, route, eg, eu, codes, scales, sort, y;
   int64_t sort_ints = 0;
-  Buffers(const Pass& p, int64_t dim, int64_t inter, int64_t E, bool exact_path)
+  Buffers(const Pass& p, int64_t dim, int64_t inter, int64_t E, bool exact_path, int64_t sort_ints_)
       : x(DeviceBuffer::from(p.x)), x_codes(static_cast<size_t>(p.n * dim)), x_scales(static_cast<size_t>(p.n * dim / 32) * 4),
         ids(DeviceBuffer::from(p.ids)), route(DeviceBuffer::from(p.route)),
         eg(static_cast<size_t>(p.pairs * inter) * 4), eu(exact_path ? static_cast<size_t>(p.pairs * inter) * 4 : 4),
         codes(static_cast<size_t>(p.pairs * inter)), scales(static_cast<size_t>(p.pairs * inter / 32) * 4),
-        sort(static_cast<size_t>(gpu::moe_grouped_sort_ints(p.pairs, E)) * 4),
-        y(static_cast<size_t>(p.pairs * dim) * 4), sort_ints(gpu::moe_grouped_sort_ints(p.pairs, E)) {
+        sort(static_cast<size_t>(sort_ints_) * 4), y(static_cast<size_t>(p.pairs * dim) * 4), sort_ints(sort_ints_) {
     gpu::ActQuantArgs q{x.as<float>(), p.n, dim, dim, x_codes.as<uint8_t>(), x_scales.as<float>()};
     gpu::act_quant8(q, nullptr);
   }
 };
 
-void run_grouped(const Bank& w1, const Bank& w3, const Bank& w2, const Pass& p, Buffers& b, float limit, int64_t K) {
+void run_grouped(const Bank& w1, const Bank& w3, const Bank& w2, const Pass& p, Buffers& b, float limit, int64_t K,
+                 int variant = 0) {
   gpu::MoeGroupedArgs a;
   a.w1 = w1.weight();
   a.w3 = w3.weight();
@@ -156,6 +161,7 @@ void run_grouped(const Bank& w1, const Bank& w3, const Bank& w2, const Pass& p, 
   a.sort = b.sort.as<int32_t>();
   a.sort_ints = b.sort_ints;
   a.y = b.y.as<float>();
+  a.tile_variant = variant;
   gpu::moe_grouped(a, nullptr);
 }
 
@@ -252,7 +258,25 @@ void check_cpu(const Bank& w1, const Bank& w3, const Bank& w2, const Pass& p, co
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  std::vector<int64_t> token_counts = {1, 16, 64, 256, 512, 1024, 2048, 8192};
+  if (argc > 1) {
+    token_counts.clear();
+    for (const char* q = argv[1]; *q;) {
+      char* end = nullptr;
+      const long long v = std::strtoll(q, &end, 10);
+      if (end == q || v < 1 || v > 65536) {
+        std::fprintf(stderr, "bench_gpu_moe_grouped: bad token list '%s' (comma-separated counts 1..65536)\n", argv[1]);
+        return 1;
+      }
+      token_counts.push_back(v);
+      q = *end == ',' ? end + 1 : end;
+      if (*end && *end != ',') {
+        std::fprintf(stderr, "bench_gpu_moe_grouped: bad token list '%s'\n", argv[1]);
+        return 1;
+      }
+    }
+  }
   const ModelConfig c = load_model_config(std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json");
   const int64_t dim = c.hidden_size, inter = c.moe_intermediate_size, E = c.n_routed_experts, K = c.num_experts_per_tok;
   const float limit = static_cast<float>(c.swiglu_limit);
@@ -264,42 +288,63 @@ int main() {
   ck(cudaDeviceSynchronize(), "upload");
   const double expert_bytes_each = 3.0 * static_cast<double>(dim * inter) * (0.5 + 1.0 / 32.0);
 
-  std::printf("%8s %7s %8s | %11s %9s %7s %9s | %11s %9s %7s | %7s %s\n", "tokens", "pairs", "experts", "grouped us",
-              "TFLOP/s", "%989", "%4.3TB/s", "exact us", "TFLOP/s", "%989", "speedup", "nmse(grouped,exact)");
+  std::printf("%8s %7s %8s %5s | %11s %9s %7s %9s | %11s %9s %7s | %7s %s\n", "tokens", "pairs", "experts", "tile",
+              "grouped us", "TFLOP/s", "%989", "%4.3TB/s", "exact us", "TFLOP/s", "%989", "speedup", "nmse(grouped,exact)");
   double best_tflops = 0;
   int64_t first_40 = -1;
-  for (int64_t n : {1, 4, 11, 16, 32, 64, 256, 2048, 8192}) {
+  for (int64_t n : token_counts) {
     const Pass p = make_pass(n, K, E, dim, static_cast<uint64_t>(n) * 7919 + 1);
-    const bool exact_path = n <= 2048;
-    Buffers b(p, dim, inter, E, exact_path);
+    const bool exact_path = n <= 512;
+    // Scratch for the narrowest tiles, so every forced shape runs as asked.
+    Buffers b(p, dim, inter, E, exact_path, gpu::moe_grouped_sort_ints(p.pairs, E, 16));
     const double flop = 6.0 * static_cast<double>(p.pairs) * static_cast<double>(dim) * static_cast<double>(inter);
     const double moved = static_cast<double>(p.touched) * expert_bytes_each;
-    const int reps = n <= 256 ? 10 : 3;
+    const int reps = n <= 256 ? 10 : n <= 2048 ? 5 : 3;
+    const int auto_variant = gpu::moe_grouped_auto_variant(p.pairs, E);
+    auto row = [&](const char* tile, double tg) {
+      const double tf = flop / (tg * 1e-6) / 1e12;
+      std::printf("%8lld %7lld %8lld %5s | %11.1f %9.2f %6.2f%% %8.1f%% |", static_cast<long long>(n),
+                  static_cast<long long>(p.pairs), static_cast<long long>(p.touched), tile, tg, tf,
+                  100.0 * tf * 1e12 / kDenseBf16, 100.0 * moved / (tg * 1e-6) / kCopyCeiling);
+      return tf;
+    };
+    // Each forced tile shape, then the automatic one (whose output the checks use).
+    std::vector<float> yv[5];
+    const char* names[5] = {"auto", "64", "32", "16", "16/3"};
+    for (int v = 1; v <= 4; ++v) {
+      const double tv = test::time_us([&] { run_grouped(w1, w3, w2, p, b, limit, K, v); }, reps);
+      ck(cudaDeviceSynchronize(), "grouped");
+      yv[v] = download(b.y, static_cast<size_t>(p.pairs * dim));
+      row(names[v], tv);
+      std::printf("\n");
+    }
     const double tg = test::time_us([&] { run_grouped(w1, w3, w2, p, b, limit, K); }, reps);
     ck(cudaDeviceSynchronize(), "grouped");
     const std::vector<float> yg = download(b.y, static_cast<size_t>(p.pairs * dim));
+    for (int v = 1; v <= 4; ++v)
+      if (std::memcmp(yv[v].data(), yg.data(), yg.size() * 4) != 0) {
+        std::printf("check: tile shape %s differs from the automatic one at %lld tokens  FAILED\n", names[v],
+                    static_cast<long long>(n));
+        g_failed = true;
+      }
     if (n == 256) check_cpu(w1, w3, w2, p, yg, c, 4);
-    double te = 0, e = 0;
-    size_t exact = 0;
-    if (exact_path) {
-      te = test::time_us([&] { run_exact(w1, w3, w2, p, b, limit, K); }, n <= 256 ? 3 : 1);
-      ck(cudaDeviceSynchronize(), "exact");
-      e = nmse(yg, download(b.y, static_cast<size_t>(p.pairs * dim)), &exact);
-      if (!(e <= test::kNmseBf16)) g_failed = true;
-    }
-    const double tf = flop / (tg * 1e-6) / 1e12;
+    char auto_name[16];
+    std::snprintf(auto_name, sizeof auto_name, "a=%s", names[auto_variant]);
+    const double tf = row(auto_name, tg);
     best_tflops = std::max(best_tflops, tf);
     if (first_40 < 0 && tf >= 0.4 * kDenseBf16 / 1e12) first_40 = n;
-    if (exact_path)
-      std::printf("%8lld %7lld %8lld | %11.1f %9.2f %6.2f%% %8.1f%% | %11.1f %9.2f %6.3f%% | %6.1fx %.2e (%.4f bit-identical)%s\n",
-                  static_cast<long long>(n), static_cast<long long>(p.pairs), static_cast<long long>(p.touched), tg, tf,
-                  100.0 * tf * 1e12 / kDenseBf16, 100.0 * moved / (tg * 1e-6) / kCopyCeiling, te,
-                  flop / (te * 1e-6) / 1e12, 100.0 * flop / (te * 1e-6) / kDenseBf16, te / tg, e,
-                  static_cast<double>(exact) / static_cast<double>(yg.size()), e <= test::kNmseBf16 ? "" : "  FAILED");
-    else
-      std::printf("%8lld %7lld %8lld | %11.1f %9.2f %6.2f%% %8.1f%% | %11s %9s %7s | %7s\n", static_cast<long long>(n),
-                  static_cast<long long>(p.pairs), static_cast<long long>(p.touched), tg, tf, 100.0 * tf * 1e12 / kDenseBf16,
-                  100.0 * moved / (tg * 1e-6) / kCopyCeiling, "-", "-", "-", "-");
+    if (exact_path) {
+      const double te = test::time_us([&] { run_exact(w1, w3, w2, p, b, limit, K); }, n <= 256 ? 3 : 1);
+      ck(cudaDeviceSynchronize(), "exact");
+      size_t exact = 0;
+      const double e = nmse(yg, download(b.y, static_cast<size_t>(p.pairs * dim)), &exact);
+      if (!(e <= test::kNmseBf16)) g_failed = true;
+      std::printf(" %11.1f %9.2f %6.3f%% | %6.1fx %.2e (%.4f bit-identical)%s\n", te, flop / (te * 1e-6) / 1e12,
+                  100.0 * flop / (te * 1e-6) / kDenseBf16, te / tg, e, static_cast<double>(exact) / static_cast<double>(yg.size()),
+                  e <= test::kNmseBf16 ? "" : "  FAILED");
+    } else {
+      std::printf(" %11s %9s %7s | %7s\n", "-", "-", "-", "-");
+    }
   }
   // Roofline: a pass touching every expert reads all their weights once, so at the copy ceiling it
   // reaches 40 % of 989 TFLOP/s only with enough pairs per expert.

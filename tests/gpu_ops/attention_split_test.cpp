@@ -4,7 +4,8 @@
 // exactly the CPU reference's scores. Shapes beyond the model's own: lists that are not a multiple
 // of the 64-entry chunk, chunks with no valid entry, head counts that are not a multiple of the
 // kernels' head groups, d and index head_dim with a partial second 256-wide K block, scores whose
-// running maximum rises from chunk to chunk (c < 1 in the recurrences).
+// running maximum rises from chunk to chunk (c < 1 in the recurrences). Every variant of the split
+// kernel and of the tiled indexer runs every case.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -69,7 +70,7 @@ void run_split_case(const AttnCase& k, uint64_t seed) {
   }
   DeviceBuffer dq = DeviceBuffer::from(q), dsink = DeviceBuffer::from(sink), dlist = DeviceBuffer::from(list);
   DeviceBuffer dpa = DeviceBuffer::from(pa), dpb = DeviceBuffer::from(pb);
-  Guarded o_split(want.size() * 4), o_rows(want.size() * 4);
+  Guarded o_rows(want.size() * 4);
   gpu::SparseAttnArgs a;
   a.q = dq.as<float>();
   a.list = dlist.as<int32_t>();
@@ -82,16 +83,26 @@ void run_split_case(const AttnCase& k, uint64_t seed) {
   a.n_q = n_q;
   a.heads = H;
   a.d = d;
-  a.out = o_split.as<float>();
-  ASSERT_EQ(gpu::raw::sparse_attention_split(a, nullptr), cudaSuccess) << "the H200 takes every case here";
   a.out = o_rows.as<float>();
   ASSERT_EQ(gpu::raw::sparse_attention_rows(a, 1, nullptr), cudaSuccess);
   sync_ok();
-  const std::vector<float> got = o_split.host<float>();
-  expect_equal(what + " vs rows", got, o_rows.host<float>());
-  expect_close(what + " vs cpu", got, want, kNmseBf16);
-  expect_guards(what, o_split);
+  const std::vector<float> rows_out = o_rows.host<float>();
+  expect_close(what + " rows vs cpu", rows_out, want, kNmseBf16);
   expect_guards(what, o_rows);
+  // The chosen split kernel, then every variant (-1: sparse_attention_split's own choice).
+  for (int v = -1; v < gpu::raw::sparse_attention_split_variants(); ++v) {
+    const std::string name = what + " " + (v < 0 ? std::string("default") : gpu::raw::sparse_attention_split_variant_name(v));
+    Guarded o_split(want.size() * 4);
+    a.out = o_split.as<float>();
+    const cudaError_t e = v < 0 ? gpu::raw::sparse_attention_split(a, nullptr) : gpu::raw::sparse_attention_split_variant(a, v, nullptr);
+    EXPECT_EQ(e, cudaSuccess) << name << ": the H200 takes every case and variant here";
+    if (e != cudaSuccess) continue;  // the other variants still run
+    sync_ok();
+    const std::vector<float> got = o_split.host<float>();
+    expect_equal(name + " vs rows", got, rows_out);
+    expect_close(name + " vs cpu", got, want, kNmseBf16);
+    expect_guards(name, o_split);
+  }
 }
 
 TEST(GpuOps, SparseAttentionSplitMatchesRows) {
@@ -149,7 +160,6 @@ void run_indexer_case(const IdxCase& k, uint64_t seed) {
     }
   }
   DeviceBuffer dq = DeviceBuffer::from(qi), dw = DeviceBuffer::from(w), dk = DeviceBuffer::from(to_bf16_bits(keys));
-  Guarded ds(want.size() * 4);
   gpu::IndexerArgs a;
   a.qi = dq.as<float>();
   a.w = dw.as<float>();
@@ -161,11 +171,18 @@ void run_indexer_case(const IdxCase& k, uint64_t seed) {
   a.T = T;
   a.start = k.start;
   a.ratio = k.ratio;
-  a.scores = ds.as<float>();
-  ASSERT_EQ(gpu::raw::indexer_scores_tiled(a, nullptr), cudaSuccess) << "the H200 takes every case here";
-  sync_ok();
-  expect_equal(what, ds.host<float>(), want);
-  expect_guards(what, ds);
+  // The chosen tiled kernel, then every variant (-1: indexer_scores_tiled's own choice).
+  for (int v = -1; v < gpu::raw::indexer_scores_tiled_variants(); ++v) {
+    const std::string name = what + " " + (v < 0 ? std::string("default") : gpu::raw::indexer_scores_tiled_variant_name(v));
+    Guarded ds(want.size() * 4);
+    a.scores = ds.as<float>();
+    const cudaError_t e = v < 0 ? gpu::raw::indexer_scores_tiled(a, nullptr) : gpu::raw::indexer_scores_tiled_variant(a, v, nullptr);
+    EXPECT_EQ(e, cudaSuccess) << name << ": the H200 takes every case and variant here";
+    if (e != cudaSuccess) continue;  // the other variants still run
+    sync_ok();
+    expect_equal(name, ds.host<float>(), want);
+    expect_guards(name, ds);
+  }
 }
 
 TEST(GpuOps, IndexerTiledExact) {

@@ -205,7 +205,8 @@ void dense_case(gpu::DenseType wt, int64_t in, int64_t out, int64_t groups, int6
 
 TEST(GpuLinearBandwidth, DenseTiledSplits) {
   using gpu::DenseType;
-  // (up to 1024 output rows at m <= 4 and up to 64 at any m run the warp-per-row kernel)
+  // (the staged kernel takes up to 1024 output rows at m = 1 and up to 64 at m <= 4, the warp-per-row
+  // kernel the rest of up to 1024 rows at m <= 4 and up to 64 at larger m)
   for (int64_t m : {1, 2, 3, 4}) dense_case(DenseType::BF16, 5120, 1100, 1, m, 0, true);  // K split 8 / 8 / 4 / 4
   for (int64_t m : {1, 2, 3, 4, 5, 9, 17}) {
     dense_case(DenseType::BF16, 5120, 40, 1, m, 0, true);     // few rows
@@ -215,6 +216,22 @@ TEST(GpuLinearBandwidth, DenseTiledSplits) {
   dense_case(DenseType::BF16, 2048, 4100, 1, 1, 0, false);    // many CTAs: no split, off-tile rows
   dense_case(DenseType::BF16, 512, 1024, 4, 2, 0, true);      // grouped (wo_a form)
   dense_case(DenseType::BF16, 264, 16, 1, 3, 0, true);        // one full block and an 8-wide one
+}
+
+// The few-rows linears at the decode shapes of the real model (compressor wkv/wgate in fp32, index
+// keys and weights_proj in bf16): at m = 1 the staged kernel with CTAs of 1, 2 and 4 weight rows (at
+// 132 SMs), a last CTA with fewer rows, rows whose last 256-block is partial, strided activations
+// and groups; at m = 2..4 the staged kernel for up to 64 rows, the warp-per-row kernel above that.
+TEST(GpuLinearBandwidth, DenseStagedFewRows) {
+  using gpu::DenseType;
+  for (int64_t m : {1, 2, 3, 4}) {
+    dense_case(DenseType::F32, 5120, 512, 1, m, 0, false);  // compressor wkv / wgate (2 rows per CTA)
+    dense_case(DenseType::BF16, 512, 128, 1, m, 0, true);   // index keys (1 row per CTA)
+    dense_case(DenseType::BF16, 5120, 32, 1, m, 0, true);   // weights_proj
+    dense_case(DenseType::BF16, 2056, 1001, 1, m, 8, false); // 4 rows per CTA, partial last CTA and block
+  }
+  dense_case(DenseType::F32, 5120, 1024, 1, 1, 0, true);    // rounded outputs
+  dense_case(DenseType::BF16, 1024, 96, 8, 2, 0, true);     // groups
 }
 
 }  // namespace

@@ -6,6 +6,10 @@
 // half of them: several 64-pair tiles), one expert stays empty, and pairs with id -1 or id = E (no
 // bank expert) must get exact zero rows while their SwiGLU rows stay untouched. Guard bytes catch
 // writes outside the outputs; two launches must agree bit for bit (the bucketing order is free).
+// Every tile shape (MoeGroupedArgs::tile_variant: 64, 32, 16 pairs, and 16 with 3 stages) must give
+// the same bits as the automatic one, over experts with 0, 1, 7, 8, 9, 17, 33, 64 and 65 pairs
+// (partial 8-pair steps, several tiles per expert), and with weight-scale bytes 0 (2^-127) and 255
+// (NaN), which take the kernel's general scale path instead of its exponent-field shortcut.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -47,14 +51,24 @@ struct Bank {
   gpu::Fp4Weight weight() const { return {dpacked.as<uint8_t>(), dscales.as<uint8_t>(), in, out, n}; }
 };
 
-void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n) {
+// ids empty: random skewed routing; else the pairs' expert ids (n * top_k of them).
+// special_scales: some weight-scale bytes set to 0 and one w2 block to 255.
+void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n, std::vector<int32_t> ids = {},
+              bool special_scales = false) {
   const int64_t dim = c.hidden_size, inter = c.moe_intermediate_size, K = c.num_experts_per_tok, pairs = n * K;
   const std::string what = tag + " moe_grouped E=" + std::to_string(E) + " pairs=" + std::to_string(pairs);
   SCOPED_TRACE(what);
   ASSERT_TRUE(gpu::moe_grouped_supported(dim, inter));
   Rng rng(static_cast<uint64_t>(dim * 7 + inter + E * 31 + n));
   // Scales of realistic size: projections of order 0.1..10, some clamped by the SwiGLU limit.
-  const Bank w1(rng, E, inter, dim, 112, 119), w3(rng, E, inter, dim, 112, 119), w2(rng, E, dim, inter, 114, 121);
+  Bank w1(rng, E, inter, dim, 112, 119), w3(rng, E, inter, dim, 112, 119), w2(rng, E, dim, inter, 114, 121);
+  if (special_scales) {
+    for (size_t i = 3; i < w1.scales.size(); i += 97) w1.scales[i] = 0;
+    for (size_t i = 5; i < w2.scales.size(); i += 89) w2.scales[i] = 0;
+    w2.scales[w2.scales.size() / 2 + 1] = 255;  // one block of one feature row of a middle expert: NaN
+    w1.dscales = DeviceBuffer::from(w1.scales);
+    w2.dscales = DeviceBuffer::from(w2.scales);
+  }
   SafetensorsWriter sw;
   for (int64_t e = 0; e < E; ++e) {
     w1.add(sw, e, "w1");
@@ -71,12 +85,15 @@ void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n
   }
 
   // Expert 0 takes about half the pairs, E-1 none; a few pairs have no bank expert.
-  std::vector<int32_t> ids(static_cast<size_t>(pairs));
-  for (auto& id : ids) id = rng.below(2) == 0 ? 0 : static_cast<int32_t>(1 + rng.below(std::max<int64_t>(1, E - 2)));
-  if (pairs >= 4) {
-    ids[1] = -1;
-    ids[static_cast<size_t>(pairs - 2)] = static_cast<int32_t>(E);
+  if (ids.empty()) {
+    ids.resize(static_cast<size_t>(pairs));
+    for (auto& id : ids) id = rng.below(2) == 0 ? 0 : static_cast<int32_t>(1 + rng.below(std::max<int64_t>(1, E - 2)));
+    if (pairs >= 4) {
+      ids[1] = -1;
+      ids[static_cast<size_t>(pairs - 2)] = static_cast<int32_t>(E);
+    }
   }
+  ASSERT_EQ(static_cast<int64_t>(ids.size()), pairs);
   std::vector<float> route(static_cast<size_t>(pairs));
   for (auto& r : route) r = rng.uniform(0.1f, 1.0f);
   const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(n * dim));
@@ -107,7 +124,7 @@ void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n
   DeviceBuffer dids = DeviceBuffer::from(ids), droute = DeviceBuffer::from(route);
   Guarded act(static_cast<size_t>(pairs * inter) * 4), y(static_cast<size_t>(pairs * dim) * 4);
   DeviceBuffer act_codes(static_cast<size_t>(pairs * inter)), act_scales(static_cast<size_t>(pairs * inter / 32) * 4);
-  const int64_t sort_ints = gpu::moe_grouped_sort_ints(pairs, E);
+  const int64_t sort_ints = gpu::moe_grouped_sort_ints(pairs, E, 16);  // room for every tile shape
   DeviceBuffer sort(static_cast<size_t>(sort_ints) * 4);
   gpu::MoeGroupedArgs a;
   a.w1 = w1.weight();
@@ -158,10 +175,21 @@ void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n
   expect_guards(what + " act", act);
   expect_guards(what + " y", y);
 
-  // A second launch gives the same bits (the pairs' order within an expert is free).
+  // A second launch gives the same bits (the pairs' order within an expert is free), and so does
+  // every forced tile shape.
   gpu::moe_grouped(a, nullptr);
   sync_ok();
   expect_equal(what + " second launch", y.host<float>(), got_y);
+  for (int v = 1; v <= 4; ++v) {
+    a.tile_variant = v;
+    gpu::moe_grouped(a, nullptr);
+    sync_ok();
+    const std::string shape = what + " tile shape " + std::to_string(v);
+    expect_equal(shape + " routed rows", y.host<float>(), got_y);
+    expect_equal(shape + " swiglu rows", act.host<float>(), got_act_all);
+    expect_guards(shape + " act", act);
+    expect_guards(shape + " y", y);
+  }
 }
 
 TEST(GpuOps, MoeGroupedMatchesCpuExperts) {
@@ -172,6 +200,28 @@ TEST(GpuOps, MoeGroupedMatchesCpuExperts) {
     run_case(s.name, c, E, 1);              // a decode step: one partial tile per expert
     run_case(s.name, c, E, real ? 24 : 100);  // expert 0 spans several 64-pair tiles
   }
+}
+
+// Fixed pair counts per expert around the 8-pair steps and the 16/32/64-pair tiles, an empty
+// expert, pairs without a bank expert; K = 768 and 640 (more steps than pipeline stages, and a
+// step count that is not a multiple of them).
+TEST(GpuOps, MoeGroupedTileBoundaries) {
+  ModelConfig c = shape_sets()[1].cfg;
+  c.hidden_size = 768;
+  c.moe_intermediate_size = 640;
+  const int64_t K = c.num_experts_per_tok;
+  const std::vector<int> counts = {1, 7, 8, 0, 9, 17, 33, 64, 65};
+  const int64_t E = static_cast<int64_t>(counts.size());
+  std::vector<int32_t> ids;
+  for (int64_t e = 0; e < E; ++e) ids.insert(ids.end(), static_cast<size_t>(counts[e]), static_cast<int32_t>(e));
+  ids.push_back(-1);
+  ids.push_back(static_cast<int32_t>(E));
+  while (static_cast<int64_t>(ids.size()) % K != 0) ids.push_back(-1);
+  Rng rng(11);
+  for (size_t i = ids.size() - 1; i > 0; --i) std::swap(ids[i], ids[static_cast<size_t>(rng.below(static_cast<int64_t>(i) + 1))]);
+  const int64_t n = static_cast<int64_t>(ids.size()) / K;
+  run_case("counts", c, E, n, ids, false);
+  run_case("counts+special scales", c, E, n, ids, true);
 }
 
 TEST(GpuOps, MoeGroupedRejectsBadArguments) {

@@ -3,6 +3,8 @@
 // system memory. No GPU is needed: the items are arithmetic on the config and the options.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "dsv41/common/error.h"
 #include "dsv41/config/model_config.h"
 #include "runtime/serve_startup.h"
@@ -43,20 +45,54 @@ TEST(CudaBudget, DeviceItemsFollowTheOptions) {
   EXPECT_EQ(item(unified, budget_item::kEngramCache), kGiB / 4);
 }
 
-TEST(CudaBudget, ScratchCoversLogitsAndScoreRowsOfEveryPassToken) {
+TEST(CudaBudget, ScratchCoversLogitsStreamsAndOneScoreSlice) {
   const ModelConfig c = load_model_config(kModel + "/config.json");
   int64_t min_ratio = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     if (c.ratio(l) > 0 && (min_ratio == 0 || c.ratio(l) < min_ratio)) min_ratio = c.ratio(l);
   ASSERT_GT(min_ratio, 0);
-  for (int64_t m : {1, 64, 256})
+  for (int64_t m : {1, 64, 256, 1024})
     for (int64_t ctx : {128, 4096, 1 << 20}) {
-      const uint64_t floor = uint64_t(m) * uint64_t(c.vocab_size + ctx / min_ratio + c.hc_mult * c.hidden_size) * 4;
+      // logits of min(m, 256) rows, the residual streams of every row, and score rows: all m rows
+      // when they fit one slice, else two slices of as many full rows as fit (at least one).
+      const int64_t t_max = ctx / min_ratio;
+      const int64_t fit = std::max<int64_t>(1, model::kIndexScoreSliceBytes / (t_max * 4));
+      const int64_t score_rows = fit >= m ? m : 2 * fit;
+      const uint64_t floor = uint64_t(std::min<int64_t>(m, 256)) * uint64_t(c.vocab_size) * 4 +
+                             uint64_t(m) * uint64_t(c.hc_mult * c.hidden_size) * 4 +
+                             uint64_t(score_rows) * uint64_t(t_max) * 4;
       EXPECT_GE(cuda_scratch_bytes(c, m, ctx), floor) << m << " " << ctx;
     }
   EXPECT_GT(cuda_scratch_bytes(c, 256, 1 << 20), cuda_scratch_bytes(c, 256, 4096));
   EXPECT_GT(cuda_scratch_bytes(c, 256, 4096), cuda_scratch_bytes(c, 64, 4096));
   EXPECT_THROW(cuda_scratch_bytes(c, 0, 128), Error);
+  EXPECT_THROW(cuda_scratch_bytes(c, 64, 128, 256, 0), Error);
+}
+
+// The score rows no longer scale with tokens per pass x context: at a long context a larger pass
+// adds only its per-token buffers, and the score part is bounded by two slices whatever the pass.
+TEST(CudaBudget, ScoreRowsAreSlicedAtLongContexts) {
+  const ModelConfig c = load_model_config(kModel + "/config.json");
+  const int64_t ctx = int64_t{1} << 22;
+  const int64_t short_ctx = 256;  // every pass's score rows fit one slice there
+  for (int64_t m : {64, 512, 2048}) {
+    const uint64_t grown = cuda_scratch_bytes(c, m, ctx) - cuda_scratch_bytes(c, m, short_ctx);
+    EXPECT_LE(grown, uint64_t(2) * uint64_t(model::kIndexScoreSliceBytes) + uint64_t(2) * uint64_t(ctx) * 4) << m;
+  }
+  // a smaller slice cap shrinks the scratch at a long context (down to two one-row slices)
+  EXPECT_LT(cuda_scratch_bytes(c, 512, ctx, 256, 1 << 20), cuda_scratch_bytes(c, 512, ctx));
+  EXPECT_EQ(cuda_scratch_bytes(c, 512, ctx, 256, 1), cuda_scratch_bytes(c, 512, ctx, 256, 4));
+  // the slicing itself: one buffer of all rows when they fit, else two of as many rows as fit
+  const model::IndexScoreSlicing whole = model::index_score_slicing(512, 1000, int64_t{512} * 1000 * 4);
+  EXPECT_EQ(whole.buffers, 1);
+  EXPECT_EQ(whole.rows, 512);
+  const model::IndexScoreSlicing cut = model::index_score_slicing(512, 1000, int64_t{100} * 1000 * 4 + 3);
+  EXPECT_EQ(cut.buffers, 2);
+  EXPECT_EQ(cut.rows, 100);
+  EXPECT_EQ(cut.floats(), 2 * 100 * 1000);
+  const model::IndexScoreSlicing one = model::index_score_slicing(512, int64_t{1} << 20, 16);
+  EXPECT_EQ(one.rows, 1);
+  EXPECT_EQ(one.buffers, 2);
 }
 
 #if !DSV41_HAS_CUDA

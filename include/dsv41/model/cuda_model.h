@@ -44,6 +44,29 @@ class Collective;
 
 namespace dsv41::model {
 
+// The indexer's score rows of a pass (tokens x score columns, fp32) are scored, downloaded and
+// selected in row slices of at most this many bytes (at least one row), so that neither the device
+// buffer nor its pinned host copy grows with tokens per pass x context (CudaModelOptions).
+inline constexpr int64_t kIndexScoreSliceBytes = int64_t{64} << 20;
+
+// How the scratch holds index scores for passes of up to `m` rows of up to `t_max` columns with
+// slices of `slice_bytes`: `rows` full-width rows per slice buffer, and 1 buffer when a whole pass
+// fits in it, else 2 (the GPU scores the next slice into one while the host selects from the
+// other). The same numbers size the arena (cuda_load.cpp) and the start-up budget (serve_startup).
+struct IndexScoreSlicing {
+  int64_t rows = 1, buffers = 1, t_max = 1;
+  int64_t slice_floats() const { return rows * t_max; }
+  int64_t floats() const { return buffers * rows * t_max; }
+};
+inline IndexScoreSlicing index_score_slicing(int64_t m, int64_t t_max, int64_t slice_bytes) {
+  IndexScoreSlicing s;
+  s.t_max = t_max < 1 ? 1 : t_max;
+  const int64_t fit = slice_bytes / (s.t_max * 4);
+  s.rows = fit < 1 ? 1 : (fit < m ? fit : (m < 1 ? 1 : m));
+  s.buffers = s.rows < m ? 2 : 1;
+  return s;
+}
+
 struct CudaModelOptions {
   // Engram (as CpuModelOptions): the token map file and where table rows come from.
   std::string engram_token_map;
@@ -54,17 +77,21 @@ struct CudaModelOptions {
   int device = 0;                     // CUDA device ordinal
   // Context tokens a sequence state holds; 0 = min(max_position_embeddings, 32768).
   int64_t max_context = 0;
-  // Tokens per forward pass (sizes the scratch arena: ~1.1 MB per token at the released dimensions
-  // and 128k context, most of it the index score row, which also has a pinned host copy). Larger
+  // Tokens per forward pass (sizes the scratch arena: ~1 MB per token at the released dimensions,
+  // whatever the context, since the index score rows are sliced: index_score_slice_bytes). Larger
   // passes read each routed expert once for more tokens: prefill's grouped expert GEMM is bound by
-  // those weight reads at a few rows per expert (bench/RESULTS.md), so 512 rather than 256 (0.85 GiB
-  // of scratch + 0.25 GiB pinned at 128k, inside the 2 GiB engine overhead; 1024 would need 2.07
-  // GiB there until the score rows are sliced); results do not depend on it.
-  int64_t max_chunk_tokens = 512;
+  // those weight reads at a few rows per expert (bench/RESULTS.md). 1024: 1.21 GiB of arena at
+  // the serve default context (1M) + 0.1 GiB DSpark scratch, inside the 2 GiB engine overhead
+  // (2048 would take 2.17 + 0.2 GiB); results do not depend on it.
+  int64_t max_chunk_tokens = 1024;
   // Rows of logits the scratch holds (a vocabulary row is 0.5 MB at the released size): a pass that
   // returns every row's logits, a batched decode step and a DSpark drafter pass take at most this
   // many rows, so longer prefill passes do not grow the logits buffer. Results do not depend on it.
   int64_t max_logit_rows = 256;
+  // Bytes of one slice of index score rows (kIndexScoreSliceBytes; at least one row is taken
+  // whatever it says): bounds the device score buffers and their pinned host copies. Results do not
+  // depend on it (each row's selection reads that row's scores only).
+  int64_t index_score_slice_bytes = kIndexScoreSliceBytes;
   // Passes with at least this many (token, slot) pairs run the routed FP4 experts as grouped
   // tensor-core GEMMs (gpu::moe_grouped): ~3x faster at 256-token prefill passes, ~9x at 2048, but
   // not guaranteed bit-identical to the CPU engine (the tensor core sums each 32-wide block of exact

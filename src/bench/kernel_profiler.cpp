@@ -72,34 +72,6 @@ std::string demangled(const char* mangled) {
   return s;
 }
 
-// "void ns::(anonymous namespace)::lin4_kernel<float, true>(Args, long)" -> "lin4_kernel".
-std::string short_kernel_name(const char* mangled) {
-  std::string s = demangled(mangled);
-  int depth = 0;
-  size_t cut = s.size();
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '<') ++depth;
-    else if (s[i] == '>') --depth;
-    else if (s[i] == '(' && depth == 0 && s.compare(i, 20, "(anonymous namespace") != 0) {
-      cut = i;
-      break;
-    }
-  }
-  s.resize(cut);
-  std::string plain;  // drop template arguments
-  depth = 0;
-  for (char ch : s) {
-    if (ch == '<') ++depth;
-    else if (ch == '>') --depth;
-    else if (depth == 0) plain += ch;
-  }
-  const size_t colon = plain.rfind("::");
-  if (colon != std::string::npos) plain = plain.substr(colon + 2);
-  const size_t space = plain.rfind(' ');
-  if (space != std::string::npos) plain = plain.substr(space + 1);
-  return plain;
-}
-
 // "void ns::(anonymous namespace)::lin4_kernel<float, true>(Args, long)" ->
 // "lin4_kernel<float, true>": tells apart the instantiations that share one short name.
 std::string kernel_signature(const char* mangled) {
@@ -117,6 +89,18 @@ std::string kernel_signature(const char* mangled) {
     }
   }
   return s.substr(begin, cut - begin);
+}
+
+// "void ns::(anonymous namespace)::lin4_kernel<float, true>(Args, long)" -> "lin4_kernel".
+std::string short_kernel_name(const char* mangled) {
+  std::string plain;  // the signature without its template arguments
+  int depth = 0;
+  for (char ch : kernel_signature(mangled)) {
+    if (ch == '<') ++depth;
+    else if (ch == '>') --depth;
+    else if (depth == 0) plain += ch;
+  }
+  return plain;
 }
 
 void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void* data) {

@@ -24,6 +24,10 @@
 // (own time / with PDL): 512 fp32 rows of 5120 18.2 -> 11.9 / 8.8 us, 128 bf16 rows of 512
 // 10.3 -> 4.8 / 3.5 us, 32 bf16 rows of 5120 13.7 -> 9.8 / 8.1 us.
 //
+// Calls of many activation rows with enough output tiles (prefill: wo_a, and the compressor in
+// 1024-row passes) take the register-tiled GEMM in dense_gemm.cu instead (same arithmetic;
+// raw::dense_gemm_takes decides).
+//
 // The warp and tiled kernels launch with programmatic dependent launch (ops/pdl.cuh) and wait for
 // the previous kernel before touching global memory.
 #include <cuda_bf16.h>
@@ -31,6 +35,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "ops/dense_gemm.h"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -496,6 +501,9 @@ cudaError_t launch_dense(const DenseArgs& a, cudaStream_t st) {
     if (staged_r == 2) return launch_staged<W, 2>(a, st);
     return launch_staged<W, 4>(a, st);
   }
+  // Many activation rows and enough output tiles (prefill passes: wo_a): the register-tiled GEMM
+  // (kernels/ops/dense_gemm.cu), the same arithmetic.
+  if (raw::dense_gemm_takes(a)) return raw::dense_gemm(a, st);
   if (!aligned || rows_out <= 64 || (rows_out <= 1024 && a.m <= 4)) {
     const dim3 grid(static_cast<unsigned>((a.out + kWarps - 1) / kWarps), static_cast<unsigned>((a.m + kRows - 1) / kRows),
                     static_cast<unsigned>(a.groups));

@@ -11,18 +11,22 @@
 // take long). Exit code 1 when any comparison fails. Calls run back to back on one non-blocking
 // stream, as in the model, so programmatic dependent launch overlaps a call with the previous one.
 //
-// Usage: bench_gpu_linear [--quick | --pairs | --gemm]   (--quick: m = 1 only, fewer iterations;
+// Usage: bench_gpu_linear [--quick | --pairs | --gemm [M,M,...]]   (--quick: m = 1 only, fewer iterations;
 // --gemm: the Lin8 shapes at prefill sizes, the GEMM (kernels/ops/lin_gemm.cu, each CTA tile and the
 // automatic choice) vs the GEMV kernel, in µs and TFLOP/s against the fp32 FMA ceiling)
+// --dense: wo_a and the compressor's linears at 256 and 1024 rows on the older tiled kernel, the
+// automatic choice and each dense GEMM tile (kernels/ops/dense_gemm.cu), in µs and TFLOP/s
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,6 +37,7 @@
 #include "dsv41/ops/gpu_ops.h"
 #include "model/linears.h"
 #include "linear_inputs.h"
+#include "ops/dense_gemm.h"
 #include "ops/lin_gemm.h"
 
 namespace {
@@ -272,6 +277,8 @@ struct GemmMode {
   }
 };
 
+constexpr int kGemmTiles = 5;  // forced CTA tiles of lin8_gemm (raw::set_lin8_gemm_tile)
+
 void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std::vector<int64_t>& ms, int iters) {
   const Lin8Weight wt(in, out);
   const std::string shape = name + " " + std::to_string(out) + "x" + std::to_string(in);
@@ -312,7 +319,7 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
     model::linear_bf16(*wt.lin, xs.data(), static_cast<int64_t>(rows.size()), want.data());
     check_rows("lin8 gemv " + name + " m=" + std::to_string(m), ref, out, 0, rows, want, out);
     size_t bad = 0;
-    for (int tile = 1; tile <= 5; ++tile) {
+    for (int tile = 1; tile <= kGemmTiles; ++tile) {
       GemmMode mode(1, tile);
       a.y = y_gemm.as<float>();
       gpu::check_cuda(cudaMemset(y_gemm.get(), 0xFF, static_cast<size_t>(m * out) * 4), "poison");
@@ -321,11 +328,12 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
       const std::vector<float> got = y_gemm.to_host<float>(static_cast<size_t>(m * out));
       for (size_t i = 0; i < got.size(); ++i) bad += std::memcmp(&got[i], &ref[i], 4) != 0;
     }
-    std::printf("  check %-40s %s (%zu of 5 x %zu outputs differ from the GEMV kernel)\n",
-                ("lin8 gemm tiles " + name + " m=" + std::to_string(m)).c_str(), bad ? "FAILED" : "ok", bad, ref.size());
+    std::printf("  check %-40s %s (%zu of %d x %zu outputs differ from the GEMV kernel)\n",
+                ("lin8 gemm tiles " + name + " m=" + std::to_string(m)).c_str(), bad ? "FAILED" : "ok", bad, kGemmTiles,
+                ref.size());
     if (bad) ++g_failures;
     line("gemv", us_gemv);
-    for (int tile = 1; tile <= 5; ++tile) {
+    for (int tile = 1; tile <= kGemmTiles; ++tile) {
       GemmMode mode(1, tile);
       static const char* const kNames[] = {"", "64x64", "128x64", "128x128", "64x64/k4", "32x64/k8"};
       line(kNames[tile], time_calls(call, n_it));
@@ -646,6 +654,9 @@ void bench_dense(const std::string& name, gpu::DenseType wt, int64_t in, int64_t
     const double us = time_calls(call, iters);
     report(bf ? "bf16" : "f32", name + " " + std::to_string(groups) + "x" + std::to_string(out) + "x" + std::to_string(in),
            m, us, double(wbytes) + double(m * groups * in) * 4 + double(m * groups * out) * 4);
+    const double tflops = 2.0 * double(m) * double(groups * out) * double(in) / (us * 1e6);
+    std::printf("       %-30s m=%-4lld %9.2f TFLOP/s %5.1f %% of the fp32 FMA ceiling (%.0f TFLOP/s)\n", name.c_str(),
+                static_cast<long long>(m), tflops, 100.0 * tflops / kFmaTflops, kFmaTflops);
   }
 }
 
@@ -656,6 +667,8 @@ int main(int argc, char** argv) {
   // --pairs: only the linears that share an input, as two calls and as one grouped launch
   const bool pairs_only = argc > 1 && std::string(argv[1]) == "--pairs";
   const bool gemm_only = argc > 1 && std::string(argv[1]) == "--gemm";
+  // --dense: the prefill dense linears (wo_a, the compressor) at 256 and 1024 rows, per kernel
+  const bool dense_only = argc > 1 && std::string(argv[1]) == "--dense";
   try {
     const ModelConfig c = load_model_config(std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json");
     cudaDeviceProp prop{};
@@ -668,8 +681,45 @@ int main(int argc, char** argv) {
     const int64_t dim = c.hidden_size, qlr = c.q_lora_rank, hd = c.head_dim, H = c.num_attention_heads;
     const int64_t inter = c.moe_intermediate_size, K = c.num_experts_per_tok, E = c.n_routed_experts;
 
+    if (dense_only) {
+      // the prefill dense linears on the older tiled kernel, the automatic choice and each GEMM tile
+      const std::vector<int64_t> md = {256, 1024};
+      struct Mode {
+        const char* name;
+        int64_t min_rows;
+        int tile;
+      };
+      const Mode modes[] = {{"older kernel", std::numeric_limits<int64_t>::max(), 0},
+                            {"automatic", gpu::raw::kDenseGemmMinRows, 0},
+                            {"gemm 64x64", 1, 1},
+                            {"gemm 128x128", 1, 2}};
+      for (const Mode& mode : modes) {
+        std::printf("-- dense: %s\n", mode.name);
+        const int64_t prev_rows = gpu::raw::set_dense_gemm_min_rows(mode.min_rows);
+        const int prev_tile = gpu::raw::set_dense_gemm_tile(mode.tile);
+        bench_dense("wo_a", gpu::DenseType::BF16, H * hd / c.o_groups, c.o_lora_rank, c.o_groups, true, md, 10, 256);
+        bench_dense("compressor", gpu::DenseType::F32, dim, hd, 1, false, md, 10, hd);
+        bench_dense("compressor r1", gpu::DenseType::BF16, dim, hd, 1, true, md, 10, hd);
+        gpu::raw::set_dense_gemm_min_rows(prev_rows);
+        gpu::raw::set_dense_gemm_tile(prev_tile);
+      }
+      std::printf("comparisons failed: %d\n", g_failures);
+      return g_failures ? 1 : 0;
+    }
     if (gemm_only) {
-      const std::vector<int64_t> mg = {16, 32, 64, 256, 1024};
+      // --gemm [m,m,...]: the row counts (default 16,32,64,256,1024)
+      std::vector<int64_t> mg = {16, 32, 64, 256, 1024};
+      if (argc > 2) {
+        mg.clear();
+        for (const char* p = argv[2]; *p;) {
+          char* end = nullptr;
+          const long long v = std::strtoll(p, &end, 10);
+          if (end == p || v < 1) throw std::runtime_error("--gemm: bad row count list " + std::string(argv[2]));
+          mg.push_back(v);
+          p = *end == ',' ? end + 1 : end;
+          if (*end != ',' && *end != 0) throw std::runtime_error("--gemm: bad row count list " + std::string(argv[2]));
+        }
+      }
       bench_lin8_gemm("wq_b", qlr, H * hd, mg, 10);
       bench_lin8_gemm("wo_b", c.o_groups * c.o_lora_rank, dim, mg, 10);
       bench_lin8_gemm("wq_a", dim, qlr, mg, 10);

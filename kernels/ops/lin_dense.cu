@@ -24,9 +24,8 @@
 // (own time / with PDL): 512 fp32 rows of 5120 18.2 -> 11.9 / 8.8 us, 128 bf16 rows of 512
 // 10.3 -> 4.8 / 3.5 us, 32 bf16 rows of 5120 13.7 -> 9.8 / 8.1 us.
 //
-// Calls of many activation rows with enough output tiles (prefill: wo_a, and the compressor in
-// 1024-row passes) take the register-tiled GEMM in dense_gemm.cu instead (same arithmetic;
-// raw::dense_gemm_takes decides).
+// Calls of many activation rows with enough output tiles (prefill: wo_a) take the register-tiled
+// GEMM in dense_gemm.cu instead (same arithmetic; raw::dense_gemm_takes decides).
 //
 // The warp and tiled kernels launch with programmatic dependent launch (ops/pdl.cuh) and wait for
 // the previous kernel before touching global memory.

@@ -34,6 +34,7 @@
 #include <cstdlib>
 
 #include "ops/dense_gemm.h"
+#include "ops/env_setting.h"
 #include "ops/ops_common.cuh"
 #include "ops/pdl.cuh"
 
@@ -202,33 +203,12 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kT, 1) dense_gemm_kernel(DenseAr
   }
 }
 
-std::atomic<int64_t> g_min_rows{-1};  // -1: not read from the environment yet
-std::atomic<int> g_tile{-1};
-
-int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  if (const char* e = std::getenv(name)) {
-    char* end = nullptr;
-    const long long v = std::strtoll(e, &end, 10);
-    if (end != e && v >= lo && v <= hi) return v;
-  }
-  return fallback;
-}
-int64_t min_rows() {
-  int64_t v = g_min_rows.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  int64_t expected = -1;
-  g_min_rows.compare_exchange_strong(
-      expected, env_int("DSV41_DENSE_GEMM_MIN_ROWS", raw::kDenseGemmMinRows, 1, INT64_MAX), std::memory_order_relaxed);
-  return g_min_rows.load(std::memory_order_relaxed);
-}
-int forced_tile() {
-  int v = g_tile.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  int expected = -1;
-  g_tile.compare_exchange_strong(expected, static_cast<int>(env_int("DSV41_DENSE_GEMM_TILE", 0, 0, 2)),
-                                 std::memory_order_relaxed);
-  return g_tile.load(std::memory_order_relaxed);
-}
+// Rows from which dense calls take the GEMM; the forced tile (1 = 64x64, 2 = 128x128), 0 = chosen
+// per call.
+EnvSetting g_min_rows{"DSV41_DENSE_GEMM_MIN_ROWS", raw::kDenseGemmMinRows, 1, INT64_MAX};
+EnvSetting g_tile{"DSV41_DENSE_GEMM_TILE", 0, 0, 2};
+int64_t min_rows() { return g_min_rows.get(); }
+int forced_tile() { return static_cast<int>(g_tile.get()); }
 
 template <int BM, int BN>
 int64_t ctas(const DenseArgs& a) {
@@ -291,17 +271,8 @@ cudaError_t dense_gemm(const DenseArgs& a, cudaStream_t s) {
   return a.wt == DenseType::BF16 ? run<uint16_t>(a, s) : run<float>(a, s);
 }
 
-int64_t set_dense_gemm_min_rows(int64_t m) {
-  const int64_t prev = min_rows();
-  g_min_rows.store(std::max<int64_t>(1, m), std::memory_order_relaxed);
-  return prev;
-}
-
-int set_dense_gemm_tile(int tile) {
-  const int prev = forced_tile();
-  g_tile.store(std::clamp(tile, 0, 2), std::memory_order_relaxed);
-  return prev;
-}
+int64_t set_dense_gemm_min_rows(int64_t m) { return g_min_rows.set(m); }
+int set_dense_gemm_tile(int tile) { return static_cast<int>(g_tile.set(tile)); }
 
 }  // namespace raw
 }  // namespace dsv41::ops::gpu

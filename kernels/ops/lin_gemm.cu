@@ -30,6 +30,7 @@
 #include <cstdlib>
 
 #include "ops/e4m3_decode.cuh"
+#include "ops/env_setting.h"
 #include "ops/lin_gemm.h"
 #include "ops/ops_common.cuh"
 #include "ops/pdl.cuh"
@@ -410,34 +411,11 @@ __global__ void __launch_bounds__(SplitLayout<BM, BN, S>::kT, 1) lin8_gemm_split
   }
 }
 
-std::atomic<int64_t> g_min_rows{-1};  // -1: not read from the environment yet
-std::atomic<int> g_tile{-1};          // -1: not read from the environment yet
-
-int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  if (const char* e = std::getenv(name)) {
-    char* end = nullptr;
-    const long long v = std::strtoll(e, &end, 10);
-    if (end != e && v >= lo && v <= hi) return v;
-  }
-  return fallback;
-}
-int64_t min_rows() {
-  int64_t v = g_min_rows.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  int64_t expected = -1;
-  g_min_rows.compare_exchange_strong(expected, env_int("DSV41_LIN8_GEMM_MIN_ROWS", raw::kLin8GemmMinRows, 1, INT64_MAX),
-                                     std::memory_order_relaxed);
-  return g_min_rows.load(std::memory_order_relaxed);
-}
-// Forced tile (1..5), 0 = chosen per call; DSV41_LIN8_GEMM_TILE at start.
-int forced_tile() {
-  int v = g_tile.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  int expected = -1;
-  g_tile.compare_exchange_strong(expected, static_cast<int>(env_int("DSV41_LIN8_GEMM_TILE", 0, 0, 5)),
-                                 std::memory_order_relaxed);
-  return g_tile.load(std::memory_order_relaxed);
-}
+// Rows from which Lin8 calls take the GEMM; the forced tile (1..5), 0 = chosen per call.
+EnvSetting g_min_rows{"DSV41_LIN8_GEMM_MIN_ROWS", raw::kLin8GemmMinRows, 1, INT64_MAX};
+EnvSetting g_tile{"DSV41_LIN8_GEMM_TILE", 0, 0, 5};
+int64_t min_rows() { return g_min_rows.get(); }
+int forced_tile() { return static_cast<int>(g_tile.get()); }
 // DSV41_LIN8_GEMM_SPLIT=0 keeps the automatic choice to the unsplit 128x128 tile.
 bool split_allowed() {
   static const bool on = env_int("DSV41_LIN8_GEMM_SPLIT", 1, 0, 1) == 1;
@@ -584,17 +562,8 @@ cudaError_t lin8_gemm(const Lin8GroupArgs& g, cudaStream_t s) {
   }
 }
 
-int64_t set_lin8_gemm_min_rows(int64_t m) {
-  const int64_t prev = min_rows();
-  g_min_rows.store(std::max<int64_t>(1, m), std::memory_order_relaxed);
-  return prev;
-}
-
-int set_lin8_gemm_tile(int tile) {
-  const int prev = forced_tile();
-  g_tile.store(std::clamp(tile, 0, 5), std::memory_order_relaxed);
-  return prev;
-}
+int64_t set_lin8_gemm_min_rows(int64_t m) { return g_min_rows.set(m); }
+int set_lin8_gemm_tile(int tile) { return static_cast<int>(g_tile.set(tile)); }
 
 }  // namespace raw
 }  // namespace dsv41::ops::gpu

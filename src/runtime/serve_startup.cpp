@@ -126,12 +126,25 @@ uint64_t cuda_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens, int64_t 
   return static_cast<uint64_t>(m * per_token + logits + scores + moe_sort + kPieces * kAlign);
 }
 
+uint64_t cuda_dspark_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens) {
+  DSV_CHECK(chunk_tokens >= 1, "DSpark scratch: chunk {} must be positive", chunk_tokens);
+  if (c.num_nextn_predict_layers <= 0 || c.dspark_block_size <= 0) return 0;
+  const int64_t rows = chunk_tokens, dim = c.hidden_size, B = c.dspark_block_size;
+  const int64_t taps = static_cast<int64_t>(c.dspark_target_layer_ids.size());
+  // fp32 taps [rows][taps][dim], input and pre-mix rows [rows][dim], ring KV [rows][head_dim];
+  // int32 ids [(B+1)][rows] and lists [rows][window+B]; int64 positions.
+  const int64_t floats = rows * (taps * dim + 2 * dim + c.head_dim);
+  const int64_t ints = (B + 1) * rows + rows * (c.sliding_window + B);
+  return static_cast<uint64_t>(4 * floats + 4 * ints + 8 * rows);
+}
+
 std::vector<BudgetItem> cuda_serve_budget_items(const ModelConfig& c, const ServeMemoryPlan& p, int64_t chunk_tokens,
                                                 int64_t max_context, bool unified) {
   return {
       {budget_item::kWeights, p.weight_bytes},
       {budget_item::kSequenceStatePool, gib_to_bytes(p.kv_cache_gib, "--kv-cache-gib")},
-      {budget_item::kWorkspaces, cuda_scratch_bytes(c, chunk_tokens, max_context)},
+      {budget_item::kWorkspaces,
+       cuda_scratch_bytes(c, chunk_tokens, max_context) + cuda_dspark_scratch_bytes(c, chunk_tokens)},
       {budget_item::kCudaGraphs, 0},
       {budget_item::kNcclBuffers, 0},
       {budget_item::kEngramCache, unified ? gib_to_bytes(p.engram_cache_gib, "--engram-cache-gib") : 0},

@@ -59,6 +59,11 @@ MemorySource cuda_memory_source(int device);
 uint64_t cuda_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens, int64_t max_context,
                             int64_t logit_rows = 256, int64_t score_slice_bytes = model::kIndexScoreSliceBytes);
 
+// Device bytes of the DSpark drafter's own buffers for passes of `chunk_tokens` rows (the taps of
+// its target layers, its input rows, ring KV row, pre-mix rows, ids, positions and attention lists:
+// src/cuda_model/cuda_dspark.cpp load_dspark); 0 when the config has no DSpark stages.
+uint64_t cuda_dspark_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens);
+
 // The budget table's items for the CUDA engine on one device: all weights (uploaded once), the
 // sequence-state pool (device memory), the scratch arena as workspaces, CUDA graphs and NCCL
 // buffers (none yet: 0). The Engram row cache is host memory: it is an item here only when

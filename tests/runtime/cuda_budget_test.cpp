@@ -37,7 +37,9 @@ TEST(CudaBudget, DeviceItemsFollowTheOptions) {
   EXPECT_EQ(item(discrete, budget_item::kWeights), 10'000'000'000u);  // every weight is uploaded
   EXPECT_EQ(item(discrete, budget_item::kSequenceStatePool), uint64_t(3.5 * double(kGiB)));
   EXPECT_EQ(item(discrete, budget_item::kEngramCache), 0u);  // host memory on a discrete GPU
-  EXPECT_EQ(item(discrete, budget_item::kWorkspaces), cuda_scratch_bytes(c, 256, 128));
+  // the arena and the DSpark drafter's buffers (tiny-s0 has a DSpark stage)
+  EXPECT_GT(cuda_dspark_scratch_bytes(c, 256), 0u);
+  EXPECT_EQ(item(discrete, budget_item::kWorkspaces), cuda_scratch_bytes(c, 256, 128) + cuda_dspark_scratch_bytes(c, 256));
   const auto host = cuda_host_budget_items(p);
   ASSERT_EQ(host.size(), 1u);
   EXPECT_EQ(item(host, budget_item::kEngramCache), kGiB / 4);
@@ -103,3 +105,32 @@ TEST(CudaBudget, NoCudaInTheBuildMeansNoDevices) {
   EXPECT_THROW(cuda_device_info(0), Error);
 }
 #endif
+
+// The DSpark drafter's buffers: at least its fp32 taps, input and pre-mix rows per pass row, linear
+// in the rows, none without DSpark stages.
+TEST(CudaBudget, DsparkScratchFollowsTheConfig) {
+  ModelConfig c = load_model_config(kModel + "/config.json");
+  ASSERT_GT(c.num_nextn_predict_layers, 0);
+  const uint64_t taps = c.dspark_target_layer_ids.size();
+  for (int64_t m : {1, 64, 1024}) {
+    const uint64_t floor = uint64_t(m) * (taps + 2) * uint64_t(c.hidden_size) * 4;
+    EXPECT_GE(cuda_dspark_scratch_bytes(c, m), floor) << m;
+    EXPECT_EQ(cuda_dspark_scratch_bytes(c, 2 * m), 2 * cuda_dspark_scratch_bytes(c, m)) << m;
+  }
+  EXPECT_THROW(cuda_dspark_scratch_bytes(c, 0), Error);
+  c.num_nextn_predict_layers = 0;
+  EXPECT_EQ(cuda_dspark_scratch_bytes(c, 1024), 0u);
+}
+
+// The bound on the engine's own device memory (beyond weights and state): the released
+// config at the default pass size, logit rows and score slices, at the serve default context (the
+// config's max_position_embeddings), stays within 2 GiB.
+TEST(CudaBudget, ReleasedConfigWorkspacesFitTwoGiB) {
+  const ModelConfig c = load_model_config(std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json");
+  const model::CudaModelOptions o;
+  const uint64_t ws = cuda_scratch_bytes(c, o.max_chunk_tokens, c.max_position_embeddings, o.max_logit_rows,
+                                         o.index_score_slice_bytes) +
+                      cuda_dspark_scratch_bytes(c, o.max_chunk_tokens);
+  EXPECT_LE(ws, 2 * kGiB) << "workspaces " << ws;
+  EXPECT_GT(cuda_dspark_scratch_bytes(c, o.max_chunk_tokens), 0u);  // the release has DSpark stages
+}

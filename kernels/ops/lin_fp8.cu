@@ -696,19 +696,7 @@ cudaError_t lin8_group(const Lin8GroupArgs& g, cudaStream_t s) {
   if (g.count <= 0 || a.m == 0) return cudaSuccess;
   if (lin8_gemm_takes(g)) return lin8_gemm(g, s);  // passes of many rows (kernels/ops/lin_gemm.cu)
   BlockScaledArgs b;
-  b.n_parts = std::min(g.count, kMaxParts);
-  for (int p = 0; p < b.n_parts; ++p) {
-    b.w[p] = g.lin[p].w.codes;
-    b.ws[p] = g.lin[p].w.scales;
-    b.out[p] = g.lin[p].w.out;
-    b.y[p] = g.lin[p].y;
-    b.y_stride[p] = g.lin[p].y_stride;
-  }
-  b.in = a.w.in;
-  b.x_codes = a.x_codes;
-  b.x_scales = a.x_scales;
-  b.rows = a.m;
-  b.round_bf16 = a.round_bf16;
+  fill_lin8_parts(b, g, kMaxParts);
   const int R = a.m == 1 ? 1 : (a.m == 2 ? 2 : 4);
   return launch<Fmt::Fp8>(b, R, (a.m + R - 1) / R, s);
 }

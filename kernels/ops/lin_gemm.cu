@@ -534,20 +534,9 @@ cudaError_t lin8_gemm(const Lin8GroupArgs& g, cudaStream_t s) {
   const Lin8Args& l = g.lin[0];
   if (g.count <= 0 || l.m <= 0) return cudaSuccess;
   GemmArgs a;
-  a.n_parts = std::min(g.count, kMaxParts);
-  for (int p = 0; p < a.n_parts; ++p) {
-    if (g.lin[p].w.out <= 0) return cudaSuccess;  // (the wrappers reject empty outputs)
-    a.w[p] = g.lin[p].w.codes;
-    a.ws[p] = g.lin[p].w.scales;
-    a.out[p] = g.lin[p].w.out;
-    a.y[p] = g.lin[p].y;
-    a.y_stride[p] = g.lin[p].y_stride;
-  }
-  a.in = l.w.in;
-  a.x_codes = l.x_codes;
-  a.x_scales = l.x_scales;
-  a.rows = l.m;
-  a.round_bf16 = l.round_bf16;
+  fill_lin8_parts(a, g, kMaxParts);
+  for (int p = 0; p < a.n_parts; ++p)
+    if (a.out[p] <= 0) return cudaSuccess;  // (the wrappers reject empty outputs)
   double us = 0;
   switch (pick_tile(a.rows, a.in, a.out, a.n_parts, &us)) {
     case 1: return launch(lin8_gemm_kernel<64, 64>, 64, 64, 64, gemm_smem_bytes<64, 64>(), a, s);

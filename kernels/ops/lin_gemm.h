@@ -21,6 +21,26 @@ bool lin8_gemm_takes(const Lin8GroupArgs& g);
 // The GEMM for a group of up to kLinGroupMax Lin8s over the same input codes (any m >= 1).
 cudaError_t lin8_gemm(const Lin8GroupArgs& g, cudaStream_t s);
 
+// A Lin8 group's parts (weights, scales, outputs) and shared input, copied into a kernel's argument
+// struct: the GEMM's and the GEMV kernel's (kernels/ops/lin_fp8.cu) hold these fields alike.
+template <class KernelArgs>
+void fill_lin8_parts(KernelArgs& k, const Lin8GroupArgs& g, int max_parts) {
+  const Lin8Args& l = g.lin[0];
+  k.n_parts = g.count < max_parts ? g.count : max_parts;
+  for (int p = 0; p < k.n_parts; ++p) {
+    k.w[p] = g.lin[p].w.codes;
+    k.ws[p] = g.lin[p].w.scales;
+    k.out[p] = g.lin[p].w.out;
+    k.y[p] = g.lin[p].y;
+    k.y_stride[p] = g.lin[p].y_stride;
+  }
+  k.in = l.w.in;
+  k.x_codes = l.x_codes;
+  k.x_scales = l.x_scales;
+  k.rows = l.m;
+  k.round_bf16 = l.round_bf16;
+}
+
 // Test and benchmark hooks (process-wide). set_lin8_gemm_min_rows: the dispatch threshold (a huge
 // value keeps every call on the GEMV kernel); returns the previous value.
 int64_t set_lin8_gemm_min_rows(int64_t m);

@@ -85,29 +85,8 @@ std::vector<float> cpu_rows(const DenseCase& c, const DenseInputs& d, const std:
   return want;
 }
 
-// One lin_dense call; the output rows (groups*out values each, the stride gap checked untouched).
-std::vector<float> gpu_call(const std::string& what, const DenseCase& c, const DenseInputs& d) {
-  const int64_t ys = c.groups * c.out + c.y_pad;
-  Guarded dy(static_cast<size_t>(c.m * ys) * 4);
-  gpu::DenseArgs a;
-  a.w = d.dw.get();
-  a.wt = c.wt;
-  a.in = c.in;
-  a.out = c.out;
-  a.groups = c.groups;
-  a.x = d.dx.as<float>();
-  a.x_stride = c.groups * c.in + c.x_pad;
-  a.m = c.m;
-  a.y = dy.as<float>();
-  a.y_stride = ys;
-  a.round_bf16 = c.round;
-  gpu::lin_dense(a, nullptr);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-  expect_guards(what, dy);
-  return strided_rows(what, dy, c.m, ys, c.groups * c.out);
-}
-
-bool takes(const DenseCase& c, const DenseInputs& d) {
+// The case's arguments over its device inputs (y left for the caller).
+gpu::DenseArgs dense_args(const DenseCase& c, const DenseInputs& d) {
   gpu::DenseArgs a;
   a.w = d.dw.get();
   a.wt = c.wt;
@@ -118,8 +97,23 @@ bool takes(const DenseCase& c, const DenseInputs& d) {
   a.x_stride = c.groups * c.in + c.x_pad;
   a.m = c.m;
   a.y_stride = c.groups * c.out + c.y_pad;
-  return gpu::raw::dense_gemm_takes(a);
+  a.round_bf16 = c.round;
+  return a;
 }
+
+// One lin_dense call; the output rows (groups*out values each, the stride gap checked untouched).
+std::vector<float> gpu_call(const std::string& what, const DenseCase& c, const DenseInputs& d) {
+  gpu::DenseArgs a = dense_args(c, d);
+  const int64_t ys = a.y_stride;
+  Guarded dy(static_cast<size_t>(c.m * ys) * 4);
+  a.y = dy.as<float>();
+  gpu::lin_dense(a, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  expect_guards(what, dy);
+  return strided_rows(what, dy, c.m, ys, c.groups * c.out);
+}
+
+bool takes(const DenseCase& c, const DenseInputs& d) { return gpu::raw::dense_gemm_takes(dense_args(c, d)); }
 
 // Both tiles against the CPU on every row.
 TEST(GpuOps, DenseGemmMatchesCpu) {

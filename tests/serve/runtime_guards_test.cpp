@@ -129,7 +129,14 @@ TEST(RuntimeGuards, FallingMemoryStopsAdmissionPausesPrefillAndPreempts) {
   s.model->step_delay_ms = 5;
   const auto long_prompt = prompt_of(2, 10);
   auto running = s.sched->submit(greedy(long_prompt, 100));
-  ASSERT_TRUE(eventually([&] { return s.sched->stats().running == 1; }));
+  // Wait for its first token, not for stats().running == 1: the finished request above may still
+  // be counted as running until the scheduler's next publish, and memory falling before the long
+  // request is admitted leaves nothing to preempt.
+  std::vector<sched::SampledToken> early;
+  ASSERT_TRUE(eventually([&] {
+    running->wait(early, 10ms);
+    return !early.empty();
+  }));
   s.mem.available = 1 * runtime::kGiB;  // below the 4 GiB margin
 
   // The watchdog preempts the youngest (only) sequence: its state goes back to the pool.
@@ -160,7 +167,10 @@ TEST(RuntimeGuards, FallingMemoryStopsAdmissionPausesPrefillAndPreempts) {
   // Memory comes back: everything finishes, the preempted sequence recomputed to the same output.
   s.mem.available = 20 * runtime::kGiB;
   s.model->step_delay_ms = 0;
-  EXPECT_EQ(collect(*running), reference(*s.model, long_prompt, 100));
+  std::vector<int32_t> long_ids;
+  for (auto& t : early) long_ids.push_back(t.id);
+  for (int32_t id : collect(*running)) long_ids.push_back(id);
+  EXPECT_EQ(long_ids, reference(*s.model, long_prompt, 100));
   EXPECT_EQ(collect(*held), reference(*s.model, prompt_of(3, 30), 5));
   EXPECT_EQ(s.call("POST", "/v1/completions", req.dump()).status, 200);
   EXPECT_EQ(J::parse(s.call("GET", "/health").body)["memory"]["state"], "ok");

@@ -11,18 +11,15 @@
 // memory and the s = 0 thread adds them in K order. Unaligned shapes and linears with few output
 // rows at larger m take the warp-per-row kernel.
 //
-// Staged kernel (aligned rows; at most 1024 output rows at m = 1, 64 at m <= 4: the compressor's
-// wkv/wgate, the index keys and weights_proj of a decode step): a CTA copies RO whole weight rows
-// and its R activation rows into shared memory (chain_swizzle layout, bf16 widened to fp32) and
-// every thread runs the fma chains of one (output row, K block) for the R activation rows; the block
-// results then meet in shared memory and one thread per (output, activation row) adds them in K
-// order from zero.
-// All chains of a row run at once (the warp kernel's lane walked its block's 256 weights from
-// global memory one latency-bound batch at a time), and the weight rows are copied before the wait
-// for the previous kernel: no kernel writes weights, so that copy may overlap the previous kernel's
-// tail (the activation rows are read after the wait). H200 decode step, warp kernel -> staged
-// (own time / with PDL): 512 fp32 rows of 5120 18.2 -> 11.9 / 8.8 us, 128 bf16 rows of 512
-// 10.3 -> 4.8 / 3.5 us, 32 bf16 rows of 5120 13.7 -> 9.8 / 8.1 us.
+// Decode sizes that one wave of CTAs holds (m <= 4, rows of a multiple of 16 bytes: the compressor's
+// wkv/wgate, the index keys, weights_proj) take the weight-streaming kernel in dense_stream.cu
+// instead (same arithmetic; raw::dense_stream_takes decides). It replaced the staged kernel that
+// held these calls; H200 bench_gpu_linear --dense, own time (no PDL) before -> after: compressor
+// 512 fp32 rows of 5120 m = 1 / 2 / 4: 12.9 / 22.6 / 32.4 -> 9.9 / 15.0 / 23.0 us (plans of 4 rows
+// per tile then; 8 rows, now chosen at m <= 2, ran 5.9 against 7.6 us with PDL at m = 1), the index
+// keys m = 2 / 4: 11.7 / 16.3 -> 8.2 / 11.9 us (m = 1 unchanged, ~5.5 us), weights_proj m = 1 / 2 /
+// 4: 10.4 / 14.2 / 23.8 -> 7.6 / 12.5 / 20.7 us. wo_a and the head stay on the tiled kernel below
+// (streamed they were slower).
 //
 // Calls of many activation rows with enough output tiles (prefill: wo_a) take the register-tiled
 // GEMM in dense_gemm.cu instead (same arithmetic; raw::dense_gemm_takes decides).
@@ -35,6 +32,7 @@
 #include <atomic>
 
 #include "ops/dense_gemm.h"
+#include "ops/dense_stream.h"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -125,125 +123,6 @@ __global__ void dense_warp_kernel(DenseArgs a) {
     for (int r = 1; r < kRows; ++r)
       if (lane == r) v = acc[r];
     a.y[(r0 + lane) * a.y_stride + g * a.out + o] = a.round_bf16 ? dev::bf16_round(v) : v;
-  }
-}
-
-// ---- staged chain kernel (few output rows, m <= 4) --------------------------------------------------------
-constexpr int kStagedMaxRowsPerCta = 8;
-constexpr int kStagedMinThreads = 128, kStagedMaxThreads = 512;
-
-// Shared memory of a staged CTA: ro weight rows and R activation rows of chain_rows_size(in) floats,
-// and the ro*R*nb block results.
-__host__ __device__ inline int64_t staged_smem_floats(int64_t in, int ro, int R) {
-  const int64_t rs = (in + dev::kGemmKBlock - 1) / dev::kGemmKBlock * dev::kGemmKBlock;
-  const int64_t nb = rs / dev::kGemmKBlock;
-  return (ro + R) * rs + ro * R * nb;
-}
-
-// Eight consecutive weights (k % 8 == 0, 16-byte aligned) as two float4.
-__device__ __forceinline__ void load8_f4(const uint16_t* w, float4& lo, float4& hi) {
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(w));
-  lo = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
-                   __uint_as_float(v.y & 0xffff0000u));
-  hi = make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u), __uint_as_float(v.w << 16),
-                   __uint_as_float(v.w & 0xffff0000u));
-}
-__device__ __forceinline__ void load8_f4(const float* w, float4& lo, float4& hi) {
-  lo = __ldg(reinterpret_cast<const float4*>(w));
-  hi = __ldg(reinterpret_cast<const float4*>(w + 4));
-}
-
-template <class W, int R>
-__global__ void __launch_bounds__(kStagedMaxThreads) dense_staged_kernel(DenseArgs a, int ro) {
-  extern __shared__ float4 smem_f4[];
-  const int64_t in = a.in, out = a.out, g = blockIdx.z;
-  const int64_t rs = dev::chain_rows_size(in), nb = rs / dev::kGemmKBlock;
-  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * ro, r0 = static_cast<int64_t>(blockIdx.y) * R;
-  const int nro = static_cast<int>(out - o0 < ro ? out - o0 : ro);
-  const int nr = static_cast<int>(a.m - r0 < R ? a.m - r0 : R);
-  const int tid = threadIdx.x, nt = blockDim.x;
-  // weights: one swizzled array over the CTA's rows (the blocks of consecutive chains, also across
-  // a row boundary, sit in distinct bank groups); activations: rows swizzled on their own (chains
-  // of one block index read the same address: a broadcast)
-  float* sw = reinterpret_cast<float*>(smem_f4);
-  float* sx = sw + ro * rs;
-  float* part = sx + R * rs;  // [ro][R][nb]
-
-  // The weight rows, before the wait (weights are never written by kernels).
-  {
-    const W* wg = static_cast<const W*>(a.w) + (g * out + o0) * in;
-    const int64_t per_row = in / 8, total = nro * per_row;
-    constexpr int kBatch = 4;
-    for (int64_t base = tid; base < total; base += kBatch * nt) {
-      float4 lo[kBatch], hi[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int64_t v = base + static_cast<int64_t>(u) * nt;
-        if (v < total) load8_f4(wg + (v / per_row) * in + (v % per_row) * 8, lo[u], hi[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int64_t v = base + static_cast<int64_t>(u) * nt;
-        if (v < total) {
-          const int64_t at = (v / per_row) * rs + (v % per_row) * 8;
-          *reinterpret_cast<float4*>(sw + dev::chain_swizzle(at)) = lo[u];
-          *reinterpret_cast<float4*>(sw + dev::chain_swizzle(at + 4)) = hi[u];
-        }
-      }
-    }
-  }
-  dev::pdl_enter();
-  {
-    const int64_t per_row = in / 4, total = nr * per_row;
-    constexpr int kBatch = 4;
-    for (int64_t base = tid; base < total; base += kBatch * nt) {
-      float4 v4[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int64_t v = base + static_cast<int64_t>(u) * nt;
-        if (v < total)
-          v4[u] = *reinterpret_cast<const float4*>(a.x + (r0 + v / per_row) * a.x_stride + g * in + (v % per_row) * 4);
-      }
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int64_t v = base + static_cast<int64_t>(u) * nt;
-        if (v < total)
-          *reinterpret_cast<float4*>(sx + (v / per_row) * rs + dev::chain_swizzle((v % per_row) * 4)) = v4[u];
-      }
-    }
-  }
-  __syncthreads();
-  // chain (row o, block kb) for every activation row: dot.h's fma chain from zero in K order
-  for (int64_t c = tid; c < nro * nb; c += nt) {
-    const int64_t o = c / nb, kb = c % nb;
-    const int64_t k0 = kb * dev::kGemmKBlock, k1 = k0 + dev::kGemmKBlock < in ? k0 + dev::kGemmKBlock : in;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-#pragma unroll 4
-    for (int64_t k = k0; k < k1; k += 4) {
-      const float4 w4 = *reinterpret_cast<const float4*>(sw + dev::chain_swizzle(o * rs + k));
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r < nr) {
-          const float4 x4 = *reinterpret_cast<const float4*>(sx + r * rs + dev::chain_swizzle(k));
-          acc[r] = fmaf(x4.x, w4.x, acc[r]);
-          acc[r] = fmaf(x4.y, w4.y, acc[r]);
-          acc[r] = fmaf(x4.z, w4.z, acc[r]);
-          acc[r] = fmaf(x4.w, w4.w, acc[r]);
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (r < nr) part[(o * R + r) * nb + kb] = acc[r];
-  }
-  __syncthreads();
-  // block results added in K order from zero, one thread per (output row, activation row)
-  for (int p = tid; p < nro * nr; p += nt) {
-    const int o = p / nr, r = p % nr;
-    const float total = dev::ordered_sum(0.0f, part + (static_cast<int64_t>(o) * R + r) * nb, nb);
-    a.y[(r0 + r) * a.y_stride + g * out + o0 + o] = a.round_bf16 ? dev::bf16_round(total) : total;
   }
 }
 
@@ -456,53 +335,20 @@ cudaError_t launch_rows(const DenseArgs& a, cudaStream_t st) {
   return launch_tiled<W, R, 1>(a, st);
 }
 
-// Whether one weight row and R activation rows fit the staged kernel's shared memory.
-bool staged_fits(int64_t in, int R) {
-  return static_cast<size_t>(staged_smem_floats(in, 1, R)) * sizeof(float) <= kMaxStagedSmem;
-}
-
-// The staged kernel for R activation rows per CTA: RO weight rows per CTA, the largest power of two
-// (up to 8) that still leaves one CTA per SM (staged_fits(in, R) holds).
-template <class W, int R>
-cudaError_t launch_staged(const DenseArgs& a, cudaStream_t st) {
-  const int64_t tiles = ((a.m + R - 1) / R) * a.groups, sms = sm_count();
-  int ro = 1;
-  while (ro < kStagedMaxRowsPerCta && ((a.out + 2 * ro - 1) / (2 * ro)) * tiles >= sms &&
-         static_cast<size_t>(staged_smem_floats(a.in, 2 * ro, R)) * sizeof(float) <= kMaxStagedSmem / 2)
-    ro *= 2;
-  const size_t smem = static_cast<size_t>(staged_smem_floats(a.in, ro, R)) * sizeof(float);
-  const cudaError_t e = allow_dynamic_smem<dense_staged_kernel<W, R>>(kMaxStagedSmem);
-  if (e != cudaSuccess) return e;
-  const int64_t chains = ro * ((a.in + dev::kGemmKBlock - 1) / dev::kGemmKBlock);
-  const int threads = static_cast<int>(
-      std::min<int64_t>(kStagedMaxThreads, std::max<int64_t>(kStagedMinThreads, (chains + 31) / 32 * 32)));
-  const dim3 grid(static_cast<unsigned>((a.out + ro - 1) / ro), static_cast<unsigned>((a.m + R - 1) / R),
-                  static_cast<unsigned>(a.groups));
-  return launch_pdl(dense_staged_kernel<W, R>, grid, dim3(threads), smem, st, a, ro);
-}
-
 template <class W>
 cudaError_t launch_dense(const DenseArgs& a, cudaStream_t st) {
   // tiled path: 16-byte aligned weight rows, x rows and group offsets
   const bool aligned = a.in % 8 == 0 && a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
-  // Few output rows (the indexer's weights_proj, the compressor and index keys at decode sizes): the
-  // staged kernel at m = 1, and at m <= 4 for up to 64 rows (32 rows of 5120 at m = 4: 29.0 -> 24.4
-  // us); from two activation rows on, wider outputs keep the warp-per-row kernel (each of the
-  // staged kernel's many CTAs would stage every activation row: 512 rows of 5120 at m = 3 took
-  // 35.8 us against 24.5). The warp kernel also takes unaligned rows and up to 64 rows at larger m
-  // (measured on H200 against the tiled kernel: 32 rows 14 vs 18 us, 512 rows 19 vs 29 us at m = 1;
-  // 32 rows 51 vs 86 us at m = 256); the tiled kernel takes everything else.
-  const int64_t rows_out = a.out * a.groups;
-  const int staged_r = a.m == 1 ? 1 : a.m == 2 ? 2 : 4;
-  if (aligned && (a.m == 1 ? rows_out <= 1024 : a.m <= 4 && rows_out <= 64) && staged_fits(a.in, staged_r)) {
-    if (staged_r == 1) return launch_staged<W, 1>(a, st);
-    if (staged_r == 2) return launch_staged<W, 2>(a, st);
-    return launch_staged<W, 4>(a, st);
-  }
+  // Decode sizes: the weight-streaming kernel (dense_stream.cu) where its plan fits.
+  if (raw::dense_stream_takes(a)) return raw::dense_stream(a, st);
   // Many activation rows and enough output tiles (prefill passes: wo_a): the register-tiled GEMM
   // (kernels/ops/dense_gemm.cu), the same arithmetic.
   if (raw::dense_gemm_takes(a)) return raw::dense_gemm(a, st);
+  // The warp kernel takes unaligned rows and up to 64 rows at larger m (measured on H200 against the
+  // tiled kernel: 32 rows 51 vs 86 us at m = 256), and what the streaming kernel leaves at m <= 4 up
+  // to 1024 rows; the tiled kernel takes everything else.
+  const int64_t rows_out = a.out * a.groups;
   if (!aligned || rows_out <= 64 || (rows_out <= 1024 && a.m <= 4)) {
     const dim3 grid(static_cast<unsigned>((a.out + kWarps - 1) / kWarps), static_cast<unsigned>((a.m + kRows - 1) / kRows),
                     static_cast<unsigned>(a.groups));

@@ -5,9 +5,9 @@
 // summed sequentially in fp32 from zero (the products of two e4m3 values are exact, so
 // fmaf(x, w, part) equals the reference's part + x*w); the block term is (part * act_scale) *
 // w_scale, added to the accumulator in increasing K order from zero; then bf16 rounding if asked.
-// __fmul_rn / __fadd_rn keep the compiler from contracting the scale steps into an FMA. Tensor
-// cores cannot be used: their accumulation order and rounding inside a block are not the
-// reference's.
+// __fmul_rn / __fadd_rn keep the compiler from contracting the scale steps into an FMA. This is
+// the path of calls with exact_block_sums (and of passes below the tensor-core GEMM's row
+// threshold); kernels/ops/lin8_tc_gemm.cu sums the blocks in the tensor core where a call allows it.
 //
 // Layout: a CTA computes a BM x BN tile of (rows x outputs) and walks K one 32-wide block at a
 // time. Per block it stages the activation and weight codes in shared memory, decoded once to fp32
@@ -31,6 +31,7 @@
 
 #include "ops/e4m3_decode.cuh"
 #include "ops/env_setting.h"
+#include "ops/lin8_tc_gemm.h"
 #include "ops/lin_gemm.h"
 #include "ops/ops_common.cuh"
 #include "ops/pdl.cuh"
@@ -416,6 +417,17 @@ EnvSetting g_min_rows{"DSV41_LIN8_GEMM_MIN_ROWS", raw::kLin8GemmMinRows, 1, INT6
 EnvSetting g_tile{"DSV41_LIN8_GEMM_TILE", 0, 0, 5};
 int64_t min_rows() { return g_min_rows.get(); }
 int forced_tile() { return static_cast<int>(g_tile.get()); }
+// The tensor-core GEMM: rows from which it takes calls without exact_block_sums; its forced tile.
+// It takes every such call it can run, never handing one to the sequential kernels on a time
+// estimate, so from the threshold up a row's bits do not depend on the size of the pass it is in.
+// Below it such calls take the sequential kernels (a row's bits then match the CPU engine's, and
+// may differ from the same row's in a larger pass where a block sum needs more than 24 bits).
+EnvSetting g_tc_min_rows{"DSV41_LIN8_TC_MIN_ROWS", raw::kLin8TcMinRows, 1, INT64_MAX};
+EnvSetting g_tc_tile{"DSV41_LIN8_TC_TILE", 0, 0, raw::kLin8TcTiles};
+bool tc_takes(const Lin8GroupArgs& g) {
+  return g.count > 0 && !g.lin[0].exact_block_sums && g.lin[0].m >= g_tc_min_rows.get() &&
+         raw::lin8_tc_gemm_supported(g);
+}
 // DSV41_LIN8_GEMM_SPLIT=0 keeps the automatic choice to the unsplit 128x128 tile.
 bool split_allowed() {
   static const bool on = env_int("DSV41_LIN8_GEMM_SPLIT", 1, 0, 1) == 1;
@@ -515,6 +527,7 @@ int pick_tile(int64_t m, int64_t in, const int64_t* outs, int n_parts, double* u
 namespace raw {
 
 bool lin8_gemm_takes(const Lin8GroupArgs& g) {
+  if (tc_takes(g)) return true;
   if (g.count <= 0 || g.lin[0].m < min_rows()) return false;
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!aligned(g.lin[0].x_codes) || g.lin[0].w.in % kKB != 0) return false;
@@ -533,6 +546,7 @@ bool lin8_gemm_takes(const Lin8GroupArgs& g) {
 cudaError_t lin8_gemm(const Lin8GroupArgs& g, cudaStream_t s) {
   const Lin8Args& l = g.lin[0];
   if (g.count <= 0 || l.m <= 0) return cudaSuccess;
+  if (tc_takes(g)) return raw::lin8_tc_gemm(g, static_cast<int>(g_tc_tile.get()), s);
   GemmArgs a;
   fill_lin8_parts(a, g, kMaxParts);
   for (int p = 0; p < a.n_parts; ++p)
@@ -553,6 +567,8 @@ cudaError_t lin8_gemm(const Lin8GroupArgs& g, cudaStream_t s) {
 
 int64_t set_lin8_gemm_min_rows(int64_t m) { return g_min_rows.set(m); }
 int set_lin8_gemm_tile(int tile) { return static_cast<int>(g_tile.set(tile)); }
+int64_t set_lin8_tc_min_rows(int64_t m) { return g_tc_min_rows.set(m); }
+int set_lin8_tc_tile(int tile) { return static_cast<int>(g_tc_tile.set(tile)); }
 
 }  // namespace raw
 }  // namespace dsv41::ops::gpu

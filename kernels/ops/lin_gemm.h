@@ -1,6 +1,8 @@
-// Register-tiled CUDA-core GEMM for Lin8 calls of many rows (prefill passes), kernels/ops/lin_gemm.cu.
-// raw::lin8_group sends a call here when lin8_gemm_takes() says so; every output is bit-identical
-// to the GEMV kernel (kernels/ops/lin_fp8.cu) and to the CPU reference's Lin8.
+// GEMMs for Lin8 calls of many rows (prefill passes). raw::lin8_group sends a call here when
+// lin8_gemm_takes() says so. Calls with exact_block_sums take the register-tiled CUDA-core GEMM
+// (kernels/ops/lin_gemm.cu): every output bit-identical to the GEMV kernel (kernels/ops/lin_fp8.cu)
+// and to the CPU reference's Lin8. Other calls of at least kLin8TcMinRows rows take the tensor-core
+// GEMM (kernels/ops/lin8_tc_gemm.cu; block sums in the tensor core, ops/tc_block.cuh).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -15,8 +17,19 @@ namespace dsv41::ops::gpu::raw {
 // its time model beats the GEMV kernel's. DSV41_LIN8_GEMM_MIN_ROWS overrides it at start.
 constexpr int64_t kLin8GemmMinRows = 32;
 
-// Whether lin8_group hands this call to lin8_gemm: m >= the minimum rows, 16-byte aligned codes and
-// (unless a tile is forced) a shorter modelled time than the GEMV kernel's.
+// Rows from which a call that allows tensor-core block sums (!exact_block_sums) takes the
+// tensor-core GEMM. Measured on H200 (bench_gpu_linear --gemm, 32 / 64 / 256 / 1024 rows): from 64
+// rows it beats the sequential kernels on every real Lin8 shape but wkv alone (512 x 5120: 40 K
+// stages over 8-16 CTAs; 63 against 24 µs at 64 rows, faster from 256), which the model always runs
+// grouped with wq_a; at 32 rows wq_a (1280 x 5120) alone is slower too (56 against 36 µs).
+// DSV41_LIN8_TC_MIN_ROWS overrides it at start (a huge value keeps such calls on the paths of
+// exact_block_sums calls).
+constexpr int64_t kLin8TcMinRows = 64;
+
+// Whether lin8_group hands this call to lin8_gemm: the tensor-core GEMM takes every call it can
+// run (no exact_block_sums, m >= its threshold, in % 32 == 0, 16-byte aligned codes); the CUDA-core
+// GEMM needs m >= its minimum rows, 16-byte aligned codes and (unless a tile is forced) a shorter
+// modelled time than the GEMV kernel's.
 bool lin8_gemm_takes(const Lin8GroupArgs& g);
 // The GEMM for a group of up to kLinGroupMax Lin8s over the same input codes (any m >= 1).
 cudaError_t lin8_gemm(const Lin8GroupArgs& g, cudaStream_t s);
@@ -49,5 +62,10 @@ int64_t set_lin8_gemm_min_rows(int64_t m);
 // split over 4 warp groups, 5 = 32x64 with K split over 8; DSV41_LIN8_GEMM_TILE sets it at start.
 // Returns the previous value.
 int set_lin8_gemm_tile(int tile);
+// The tensor-core GEMM's dispatch threshold (rows) and CTA tile (0 = the time model's choice,
+// 1..raw::kLin8TcTiles as ops/lin8_tc_gemm.h lists them; DSV41_LIN8_TC_TILE sets it at start); each
+// returns the previous value.
+int64_t set_lin8_tc_min_rows(int64_t m);
+int set_lin8_tc_tile(int tile);
 
 }  // namespace dsv41::ops::gpu::raw

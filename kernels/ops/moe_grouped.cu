@@ -32,6 +32,7 @@
 #include "ops/moe_grouped.h"
 #include "ops/pdl.cuh"
 #include "ops/ops_common.cuh"
+#include "ops/tc_block.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -157,40 +158,9 @@ __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// ---- exact widening to fp16 ----
-// The kernel is bound by the integer (ALU) pipe: the widening below, the scale decoding and the
-// staging addresses; the multiply-adds that move work to the FMA pipe are written as mad.lo PTX.
-// High bytes of the fp16 encodings of the e2m1 magnitudes 0, .5, 1, 1.5 | 2, 3, 4, 6, sign bit set.
-constexpr uint32_t kE2m1F16NegLo = 0xBEBCB880u, kE2m1F16NegHi = 0xC6C4C2C0u;
-
-// Four e2m1 codes (code i in bits 4i..4i+3 of q; the high 16 bits are ignored) -> byte i = high
-// byte of code i's fp16 value.
-__device__ __forceinline__ uint32_t e2m1x4_f16_high(uint32_t q) {
-  const uint32_t negative = __byte_perm(kE2m1F16NegLo, kE2m1F16NegHi, q & 0x7777u);
-  // prmt's sign mode: a selector nibble with bit 3 set (a negative code) yields the replicated top
-  // bit of the selected byte (0x00 here), otherwise the byte itself (0x01); only q[15:0] is read.
-  uint32_t non_negative;
-  asm("prmt.b32 %0, %1, %1, %2;" : "=r"(non_negative) : "r"(0x01010101u), "r"(q));
-  // Clear the sign bit of the non-negative codes: every byte of `negative` has it set, so the
-  // per-byte subtraction of 0x80 never borrows.
-  uint32_t r;
-  asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(non_negative), "r"(0xFFFFFF80u), "r"(negative));
-  return r;
-}
-// fp16x2 of the high bytes 0/1 (sel 0x1404) or 2/3 (sel 0x3424) of h: low bytes zero.
-__device__ __forceinline__ uint32_t f16x2_from_high(uint32_t h, uint32_t sel) { return __byte_perm(h, 0u, sel); }
-
-// Two e4m3 codes (low byte first) -> fp16x2 (low half first).
-__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v16) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xFFFFu), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// ---- exact widening and the block dot: ops/tc_block.cuh ----
+// The kernel is bound by the integer (ALU) pipe: the widening, the scale decoding and the staging
+// addresses; the multiply-adds that move work to the FMA pipe are written as mad.lo PTX.
 
 // Staged row (0..127) of warp `warp`'s m-tile mt, half h (rows g / g+8).
 template <bool kGateUp>
@@ -300,24 +270,15 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
     // (16 independent MMA chains already, and the registers for them).
 #pragma unroll(NQ >= 8 ? 1 : kKB)
     for (int kb = 0; kb < kKB; ++kb) {
-      // A fragments of both k16 steps: step s covers K 8tig+4s .. 8tig+4s+3 of the block.
-      uint32_t af[2][2][4];
+      // A fragments of both k16 steps (the arrangement of ops/tc_block.cuh).
+      tc::BlockA af[2];
       float ws[2][2];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         const int ra = tile_row<kGateUp>(warp, mt, g, 0), rb = tile_row<kGateUp>(warp, mt, g, 1);
         const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sA + ra * kAStride + kb * 16 + tig * 4);
         const uint32_t w1 = *reinterpret_cast<const uint32_t*>(sA + rb * kAStride + kb * 16 + tig * 4);
-        const uint32_t lo0 = e2m1x4_f16_high(w0), hi0 = e2m1x4_f16_high(w0 >> 16);
-        const uint32_t lo1 = e2m1x4_f16_high(w1), hi1 = e2m1x4_f16_high(w1 >> 16);
-        af[mt][0][0] = f16x2_from_high(lo0, 0x1404u);
-        af[mt][0][1] = f16x2_from_high(lo1, 0x1404u);
-        af[mt][0][2] = f16x2_from_high(lo0, 0x3424u);
-        af[mt][0][3] = f16x2_from_high(lo1, 0x3424u);
-        af[mt][1][0] = f16x2_from_high(hi0, 0x1404u);
-        af[mt][1][1] = f16x2_from_high(hi1, 0x1404u);
-        af[mt][1][2] = f16x2_from_high(hi0, 0x3424u);
-        af[mt][1][3] = f16x2_from_high(hi1, 0x3424u);
+        af[mt] = tc::block_a_fp4(w0, w1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if constexpr (kNormalScales) {
@@ -334,18 +295,16 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
 #pragma unroll
       for (int nt = 0; nt < NQ; ++nt) {
         const uint2 bv = *reinterpret_cast<const uint2*>(sB + (nt * 8 + g) * kBStride + kb * 32 + tig * 8);
-        const uint32_t b00 = e4m3x2_f16x2(bv.x), b01 = e4m3x2_f16x2(bv.x >> 16);
-        const uint32_t b10 = e4m3x2_f16x2(bv.y), b11 = e4m3x2_f16x2(bv.y >> 16);
+        const tc::BlockB bf = tc::block_b(bv);
         const float xs0 = sBs[(nt * 8 + 2 * tig) * kKB + kb], xs1 = sBs[(nt * 8 + 2 * tig + 1) * kKB + kb];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          mma_f16(d, af[mt][0], b00, b01);
-          mma_f16(d, af[mt][1], b10, b11);
-          acc[mt][nt][0] = __fmaf_rn(__fmul_rn(d[0], xs0), ws[mt][0], acc[mt][nt][0]);
-          acc[mt][nt][1] = __fmaf_rn(__fmul_rn(d[1], xs1), ws[mt][0], acc[mt][nt][1]);
-          acc[mt][nt][2] = __fmaf_rn(__fmul_rn(d[2], xs0), ws[mt][1], acc[mt][nt][2]);
-          acc[mt][nt][3] = __fmaf_rn(__fmul_rn(d[3], xs1), ws[mt][1], acc[mt][nt][3]);
+          float d[4];
+          tc::block_dot(d, af[mt], bf);
+          acc[mt][nt][0] = tc::fold_block(acc[mt][nt][0], d[0], xs0, ws[mt][0]);
+          acc[mt][nt][1] = tc::fold_block(acc[mt][nt][1], d[1], xs1, ws[mt][0]);
+          acc[mt][nt][2] = tc::fold_block(acc[mt][nt][2], d[2], xs0, ws[mt][1]);
+          acc[mt][nt][3] = tc::fold_block(acc[mt][nt][3], d[3], xs1, ws[mt][1]);
         }
       }
     }

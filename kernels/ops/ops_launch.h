@@ -90,6 +90,10 @@ struct Lin8Args {
   float* y = nullptr;  // [m][y_stride]
   int64_t y_stride = 0;
   bool round_bf16 = true;
+  // true: every 32-wide block's products are summed one by one in K order, as the CPU engine does
+  // (bit-identical always). false lets a kernel sum a block's exact products in the tensor core:
+  // the same value whenever the block's exact sum fits in 24 bits (docs/ARCHITECTURE.md, numerics).
+  bool exact_block_sums = false;
 };
 // Row r of y = Lin4(expert expert_ids[r], input row r / x_row_div): x_row_div = top_k runs the
 // gate/up projections of every (token, slot) pair, 1 the down projection of the pair rows.
@@ -104,11 +108,12 @@ struct Lin4Args {
   float* y = nullptr;  // [rows][y_stride]
   int64_t y_stride = 0;
   bool round_bf16 = true;
+  bool exact_block_sums = false;  // as Lin8Args
 };
 // Up to kLinGroupMax Lin8s (Lin4 banks) that read the same input codes, in one launch: the warp
 // tiles are dealt over the linears' outputs as if they were concatenated, and every output equals
-// its separate lin8 / lin4 call bit for bit. lin[0..count) share w.in, x_codes, x_scales, m (rows)
-// and round_bf16; Lin4 banks also n_experts, expert_ids and x_row_div.
+// its separate lin8 / lin4 call bit for bit. lin[0..count) share w.in, x_codes, x_scales, m (rows),
+// round_bf16 and exact_block_sums; Lin4 banks also n_experts, expert_ids and x_row_div.
 constexpr int kLinGroupMax = 3;
 struct Lin8GroupArgs {
   Lin8Args lin[kLinGroupMax];

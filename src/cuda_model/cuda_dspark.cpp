@@ -234,10 +234,9 @@ void stage_forward(Impl& m, size_t stage, std::span<CudaSeqState* const> seqs, c
   };
   // The normed rows sc.x, with their codes (sc.x_codes) when an FP8/FP4 linear reads them.
   auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm, bool want_codes) {
-    gpu::HcCollapseArgs a{sc.h, w, w_stride, n, hc, dim, sc.x};
-    gpu::hc_collapse(a, m.stream);
-    gpu::RmsNormArgs r{sc.x, dim, norm.as<float>(), sc.x, dim, n, dim, eps};
-    return m.rms_norm_rows(r, want_codes, sc.x_codes, sc.x_scales);
+    const gpu::HcCollapseArgs a{sc.h, w, w_stride, n, hc, dim, sc.x};
+    const gpu::RmsNormArgs r{sc.x, dim, norm.as<float>(), sc.x, dim, n, dim, eps};
+    return m.collapse_norm_rows(a, r, want_codes, sc.x_codes, sc.x_scales);
   };
   gpu::RopeArgs at;
   at.positions = d.positions.as<int64_t>();

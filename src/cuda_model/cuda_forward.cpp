@@ -11,6 +11,7 @@
 
 #include "dsv41/common/error.h"
 #include "dsv41/model/mix_gemm_parts.h"
+#include "dsv41/ops/gpu_collapse_norm.h"
 
 namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
@@ -26,6 +27,16 @@ QuantizedInput Impl::rms_norm_rows(gpu::RmsNormArgs a, bool want_codes, uint8_t*
   a.codes = fused ? codes : nullptr;
   a.scales = fused ? scales : nullptr;
   gpu::rms_norm(a, stream);
+  if (!fused) return {};
+  return {codes, scales, a.rows, a.d};
+}
+
+QuantizedInput Impl::collapse_norm_rows(const gpu::HcCollapseArgs& c, gpu::RmsNormArgs a, bool want_codes, uint8_t* codes,
+                                        float* scales) {
+  const bool fused = want_codes && a.d % 32 == 0;
+  a.codes = fused ? codes : nullptr;
+  a.scales = fused ? scales : nullptr;
+  gpu::hc_collapse_rms_norm(c, a, stream);
   if (!fused) return {};
   return {codes, scales, a.rows, a.d};
 }
@@ -64,6 +75,7 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
     a.y = y;
     a.y_stride = y_stride;
     a.round_bf16 = round;
+    a.exact_block_sums = opts.exact_block_sums;
     gpu::lin8(a, stream);
   } else {
     gpu::Lin4Args a;
@@ -74,6 +86,7 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
     a.y = y;
     a.y_stride = y_stride;
     a.round_bf16 = round;
+    a.exact_block_sums = opts.exact_block_sums;
     gpu::lin4(a, stream);
   }
 }
@@ -108,6 +121,7 @@ void Impl::linear_pair(const GpuLinear& l1, float* y1, int64_t y1_stride, const 
       a.y = ys[p];
       a.y_stride = strides[p];
       a.round_bf16 = round;
+      a.exact_block_sums = opts.exact_block_sums;
     }
     gpu::lin8_group(g, stream);
   } else {
@@ -122,6 +136,7 @@ void Impl::linear_pair(const GpuLinear& l1, float* y1, int64_t y1_stride, const 
       a.y = ys[p];
       a.y_stride = strides[p];
       a.round_bf16 = round;
+      a.exact_block_sums = opts.exact_block_sums;
     }
     gpu::lin4_group(g, stream);
   }
@@ -183,14 +198,12 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
     }
     gpu::hc_mix(a, stream);
   };
-  // The normed rows sc.x, with their codes (sc.x_codes) when an FP8/FP4 linear reads them.
-  // (The collapse stays its own launch: inside the norm's one block per row, each thread's column
-  // loop would wait one memory latency per column, 20 at one token of the real model.)
+  // The normed rows sc.x, with their codes (sc.x_codes) when an FP8/FP4 linear reads them; the
+  // collapse and the norm are one launch at decode sizes (a cluster of blocks per row).
   auto collapse_norm = [&](const float* w, int64_t w_stride, const DeviceBuffer& norm, bool want_codes) {
-    gpu::HcCollapseArgs a{sc.h, w, w_stride, n, hc, dim, sc.x};
-    gpu::hc_collapse(a, stream);
-    gpu::RmsNormArgs r{sc.x, dim, norm.as<float>(), sc.x, dim, n, dim, eps};
-    return rms_norm_rows(r, want_codes, sc.x_codes, sc.x_scales);
+    const gpu::HcCollapseArgs a{sc.h, w, w_stride, n, hc, dim, sc.x};
+    const gpu::RmsNormArgs r{sc.x, dim, norm.as<float>(), sc.x, dim, n, dim, eps};
+    return collapse_norm_rows(a, r, want_codes, sc.x_codes, sc.x_scales);
   };
   mix(b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale, sc.mix_a);
   attend(collapse_norm(sc.pre, hc, b.attn_norm, takes_codes(b.wq_a) || takes_codes(b.wkv)));
@@ -297,10 +310,9 @@ void Impl::embed_kernel(int64_t n) {
 void Impl::final_rows(int64_t row0, int64_t rows) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, hc = c.hc_mult;
-  gpu::HcCollapseArgs ca{sc.h + row0 * hc * dim, sc.pre + row0 * hc, hc, rows, hc, dim, sc.x};
-  gpu::hc_collapse(ca, stream);
-  gpu::RmsNormArgs rn{sc.x, dim, final_norm.as<float>(), sc.x, dim, rows, dim, static_cast<float>(c.rms_norm_eps)};
-  gpu::rms_norm(rn, stream);
+  const gpu::HcCollapseArgs ca{sc.h + row0 * hc * dim, sc.pre + row0 * hc, hc, rows, hc, dim, sc.x};
+  const gpu::RmsNormArgs rn{sc.x, dim, final_norm.as<float>(), sc.x, dim, rows, dim, static_cast<float>(c.rms_norm_eps)};
+  gpu::hc_collapse_rms_norm(ca, rn, stream);
   head_logits(sc.x, rows, sc.logits);
 }
 

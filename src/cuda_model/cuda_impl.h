@@ -407,6 +407,10 @@ struct Impl {
   // RMSNorm `a`; with want_codes (and a.d % 32 == 0) the same kernel writes the codes of its output
   // rows into codes/scales and they are returned, else the result is empty.
   QuantizedInput rms_norm_rows(ops::gpu::RmsNormArgs a, bool want_codes, uint8_t* codes, float* scales);
+  // The collapse `c` and then rms_norm_rows(a, ...) in place on its output rows, as one op
+  // (gpu::hc_collapse_rms_norm: one launch at decode sizes).
+  QuantizedInput collapse_norm_rows(const ops::gpu::HcCollapseArgs& c, ops::gpu::RmsNormArgs a, bool want_codes,
+                                    uint8_t* codes, float* scales);
 };
 
 }  // namespace dsv41::model::cuda

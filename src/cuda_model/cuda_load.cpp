@@ -451,12 +451,15 @@ void Impl::load(const std::string& dir) {
   alloc_exl3_workspaces();
   if (tp)  // the banks' local expert ids of one pass (cuda_tp.cpp)
     tp_ids = DeviceBuffer(static_cast<size_t>(sc.m * std::max(c.num_experts_per_tok, c.dspark_topk())) * 4);
+  const auto env_is = [](const char* name, const char* value) {
+    const char* v = std::getenv(name);
+    return v && std::string(v) == value;
+  };
+  // The environment can ask for sequential block sums in every process of a run (a TP worker builds
+  // its own options), so a run can be made bit-identical to the CPU engine without a rebuild.
+  if (env_is("DSV41_EXACT_BLOCK_SUMS", "1")) opts.exact_block_sums = true;
   if (!tp) {  // decode steps in CUDA graphs (tensor parallelism keeps its collectives eager)
     graphs = std::make_unique<StepGraphs>(stream);
-    const auto env_is = [](const char* name, const char* value) {
-      const char* v = std::getenv(name);
-      return v && std::string(v) == value;
-    };
     graphs_on = (opts.cuda_graphs || env_is("DSV41_CUDA_GRAPHS", "1")) && !env_is("DSV41_NO_GRAPHS", "1");
   }
   // Weight uploads ran on the legacy stream, which the model's non-blocking stream does not wait for.
@@ -465,10 +468,11 @@ void Impl::load(const std::string& dir) {
   const auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
   spdlog::info("cuda model: {} layers on device {}; memory: weights {:.1f} MiB (fp8 {:.1f}, fp4 {:.1f}, exl3 {:.1f}, "
                "dense {:.1f}), state {:.2f} MiB per sequence of {} tokens, scratch {:.1f} MiB ({} tokens per pass; "
-               "Engram row staging {:.2f} MiB of it), pinned host {:.1f} MiB; decode CUDA graphs {}",
+               "Engram row staging {:.2f} MiB of it), pinned host {:.1f} MiB; decode CUDA graphs {}; FP8/FP4 block sums {}",
                blocks.size(), opts.device, mib(mem.weights), mib(mem.weights_fp8), mib(mem.weights_fp4),
                mib(mem.weights_exl3), mib(mem.weights_dense), mib(mem.state_per_sequence), max_context,
-               mib(mem.scratch), sc.m, mib(mem.engram_staging), mib(mem.pinned_host), graphs_on ? "on" : "off");
+               mib(mem.scratch), sc.m, mib(mem.engram_staging), mib(mem.pinned_host), graphs_on ? "on" : "off",
+               opts.exact_block_sums ? "sequential (exact)" : "tensor core");
 }
 
 void Impl::count_weight_bytes(const GpuLinear& l) {

@@ -44,6 +44,7 @@ bool Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& x
     a.y = y;
     a.y_stride = out;
     a.round_bf16 = true;
+    a.exact_block_sums = opts.exact_block_sums;
     return a;
   };
   auto bank = [&](const GpuExpertBank& w, const QuantizedInput& in, int64_t div, float* y, int64_t out) {
@@ -53,7 +54,7 @@ bool Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& x
   // Large passes: the pairs bucketed by expert and the three projections as grouped tensor-core
   // GEMMs (not bit-identical, CudaModelOptions::grouped_moe_min_rows); otherwise the exact per-pair
   // Lin4 kernels.
-  const bool grouped = !exact && opts.grouped_moe_min_rows > 0 && pairs >= opts.grouped_moe_min_rows &&
+  const bool grouped = !exact && !opts.exact_block_sums && opts.grouped_moe_min_rows > 0 && pairs >= opts.grouped_moe_min_rows &&
                        gpu::moe_grouped_supported(dim, inter);
   if (grouped) {
     gpu::MoeGroupedArgs g;

@@ -135,8 +135,9 @@ void lin8_group(const Lin8GroupArgs& g, cudaStream_t s) {
     DSV_CHECK(l.w.in > 0 && l.w.in % 32 == 0 && l.w.out > 0, "lin8_group: linear {}: in={} (multiple of 32) out={}", p,
               l.w.in, l.w.out);
     DSV_CHECK(l.w.in == a.w.in && l.x_codes == a.x_codes && l.x_scales == a.x_scales && l.m == a.m &&
-                  l.round_bf16 == a.round_bf16,
-              "lin8_group: linear {} must read the same input (in, codes, scales, m, rounding) as linear 0", p);
+                  l.round_bf16 == a.round_bf16 && l.exact_block_sums == a.exact_block_sums,
+              "lin8_group: linear {} must read the same input (in, codes, scales, m, rounding, block sums) as linear 0",
+              p);
     DSV_CHECK(l.m >= 0 && l.y_stride >= l.w.out, "lin8_group: linear {}: m={} y_stride={} out={}", p, l.m, l.y_stride,
               l.w.out);
     DSV_CHECK(l.w.codes && l.w.scales && (l.m == 0 || (l.x_codes && l.x_scales && l.y)),
@@ -160,9 +161,10 @@ void lin4_group(const Lin4GroupArgs& g, cudaStream_t s) {
               "lin4_group: linear {}: in={} (multiple of 32) out={} experts={}", p, l.w.in, l.w.out, l.w.n_experts);
     DSV_CHECK(l.w.in == a.w.in && l.w.n_experts == a.w.n_experts && l.x_codes == a.x_codes &&
                   l.x_scales == a.x_scales && l.rows == a.rows && l.expert_ids == a.expert_ids &&
-                  l.x_row_div == a.x_row_div && l.round_bf16 == a.round_bf16,
+                  l.x_row_div == a.x_row_div && l.round_bf16 == a.round_bf16 &&
+                  l.exact_block_sums == a.exact_block_sums,
               "lin4_group: linear {} must read the same input (in, experts, codes, scales, rows, expert ids, row "
-              "divisor, rounding) as linear 0",
+              "divisor, rounding, block sums) as linear 0",
               p);
     DSV_CHECK(l.rows >= 0 && l.x_row_div >= 1 && l.y_stride >= l.w.out, "lin4_group: linear {}: rows={} x_row_div={} y_stride={}",
               p, l.rows, l.x_row_div, l.y_stride);

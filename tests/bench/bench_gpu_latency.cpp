@@ -30,6 +30,12 @@
 #include "model/ops/rope.h"
 #include "model/ops/topk.h"
 #include "model/ops/torch_sum.h"
+#if __has_include("dsv41/ops/gpu_collapse_norm.h")
+#include "dsv41/ops/gpu_collapse_norm.h"
+#define DSV41_BENCH_HAS_COLLAPSE_NORM 1
+#else
+#define DSV41_BENCH_HAS_COLLAPSE_NORM 0
+#endif
 
 using namespace dsv41;
 using namespace dsv41::test;
@@ -121,6 +127,16 @@ void check_close(const std::string& what, const std::vector<float>& got, const s
 }
 
 
+// The collapse and RMSNorm pair of a decode site: one launch where the fused op exists.
+void collapse_norm(const gpu::HcCollapseArgs& ca, const gpu::RmsNormArgs& na, cudaStream_t st) {
+#if DSV41_BENCH_HAS_COLLAPSE_NORM
+  gpu::hc_collapse_rms_norm(ca, na, st);
+#else
+  gpu::hc_collapse(ca, st);
+  gpu::rms_norm(na, st);
+#endif
+}
+
 }  // namespace
 
 int main() {
@@ -169,6 +185,8 @@ int main() {
   DeviceBuffer dq = DeviceBuffer::from(q), dpos = DeviceBuffer::from(pos), dfreq = DeviceBuffer::from(rope_table.freqs());
 
   DeviceBuffer dffn(static_cast<size_t>(m_max * dim) * 4);  // the layer chain's FFN output
+  DeviceBuffer dctr(static_cast<size_t>(m_max) * 4);         // the fused mix's counters (left zeroed)
+  if (cudaMemset(dctr.get(), 0, static_cast<size_t>(m_max) * 4) != cudaSuccess) return 1;
   std::printf("programmatic dependent launch: %s\n", std::getenv("DSV41_NO_PDL") ? "off (DSV41_NO_PDL)" : "on");
   std::printf("%-14s %5s %10s %10s %12s %9s %9s %10s\n", "op", "m", "stream us", "graph us", "bytes", "GB/s", "% copy",
               "before us");
@@ -202,6 +220,52 @@ int main() {
           std::copy_n(mx.comb, hc * hc, &want[t * n_mix + 2 * hc]);
         }
         check_equal("hc_mix", dmix.to_host<float>(want.size()), want);
+      }
+    }
+    // ---- the model's decode forms: mix with its split in the dots' launch (counters), and the
+    // collapse + RMSNorm (+ ActQuant8 codes) pair in front of the attention and the MoE ----
+    {
+      gpu::HcMixArgs a = gpu::hc_mix_args(c, dh.as<float>(), m,
+                                          dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), dmix.as<float>());
+      a.rows_ref = m;
+      a.counters = dctr.as<unsigned>();
+      report("hc_mix ctr", m, [&](cudaStream_t st) { gpu::hc_mix(a, st); }, f4 * (m * k + n_mix * k + m * n_mix), 0.0);
+      if (chk) {
+        std::vector<float> want(static_cast<size_t>(m * n_mix));
+        for (int64_t t = 0; t < m; ++t) {
+          model::HcMix mx;
+          model::hc_mix(&h[t * k], hc, dim, fn.data(), base.data(), scale.data(), c.hc_sinkhorn_iters, c.hc_eps,
+                        c.rms_norm_eps, model::hc_mix_arithmetic(hc, t, m, 0), mx);
+          std::copy_n(mx.pre, hc, &want[t * n_mix]);
+          std::copy_n(mx.post, hc, &want[t * n_mix + hc]);
+          std::copy_n(mx.comb, hc * hc, &want[t * n_mix + 2 * hc]);
+        }
+        check_equal("hc_mix ctr", dmix.to_host<float>(want.size()), want);
+      }
+      gpu::RmsNormArgs nq{dx.as<float>(), dim, dnw.as<float>(), dout.as<float>(), dim, m, dim, eps};
+      nq.codes = dcodes.as<uint8_t>();
+      nq.scales = dqs.as<float>();
+      report("rms_norm+codes", m, [&](cudaStream_t st) { gpu::rms_norm(nq, st); }, f4 * (2 * m * dim + dim) + m * dim, 0.0);
+      const gpu::HcCollapseArgs ca{dh.as<float>(), dmixv.as<float>(), n_mix, m, hc, dim, dout.as<float>()};
+      gpu::RmsNormArgs cn{dout.as<float>(), dim, dnw.as<float>(), dout.as<float>(), dim, m, dim, eps};
+      cn.codes = dcodes.as<uint8_t>();
+      cn.scales = dqs.as<float>();
+      report("collapse+norm", m, [&](cudaStream_t st) { collapse_norm(ca, cn, st); }, f4 * (m * k + m * dim + dim) + m * dim, 0.0);
+      if (chk) {
+        collapse_norm(ca, cn, nullptr);
+        std::vector<float> want(static_cast<size_t>(m * dim)), xs(static_cast<size_t>(dim));
+        std::vector<float> wq(static_cast<size_t>(m * dim)), ws(static_cast<size_t>(m * dim / 32));
+        for (int64_t t = 0; t < m; ++t) {
+          model::hc_collapse(&h[t * k], &mixv[t * n_mix], hc, dim, xs.data());
+          model::rms_norm(xs.data(), nw.data(), dim, c.rms_norm_eps, &want[t * dim]);
+          model::act_quant8(&want[t * dim], dim, &wq[t * dim], &ws[t * dim / 32]);
+        }
+        check_equal("collapse+norm", dout.to_host<float>(want.size()), want);
+        const std::vector<uint8_t> b = dcodes.to_host<uint8_t>(wq.size());
+        std::vector<float> got(b.size());
+        for (size_t i = 0; i < b.size(); ++i) got[i] = e4m3_to_f32(b[i]);
+        check_equal("collapse+norm codes", got, wq);
+        check_equal("collapse+norm scales", dqs.to_host<float>(ws.size()), ws);
       }
     }
     // ---- hc_collapse / hc_expand ----

@@ -13,13 +13,18 @@
 //
 // Usage: bench_gpu_linear [--quick | --pairs | --gemm [M,M,...]]   (--quick: m = 1 only, fewer iterations;
 // --gemm: the Lin8 shapes at prefill sizes, the GEMM (kernels/ops/lin_gemm.cu, each CTA tile and the
-// automatic choice) vs the GEMV kernel, in µs and TFLOP/s against the fp32 FMA ceiling)
-// --dense: wo_a and the compressor's linears at 256 and 1024 rows on the older tiled kernel, the
-// automatic choice and each dense GEMM tile (kernels/ops/dense_gemm.cu), in µs and TFLOP/s
+// automatic choice, and the tensor-core GEMM of kernels/ops/lin8_tc_gemm.cu, each tile and the
+// default dispatch) vs the GEMV kernel, in µs and TFLOP/s; --decode: the block-scaled linears at
+// m = 1, 2, 4)
+// --dense [decode|sweep]: the dense linears at decode sizes (m = 1, 2, 4) on the streaming kernel
+// (kernels/ops/dense_stream.cu) and on the older kernels ("sweep": also forced stream plans), then
+// (without an argument) wo_a and the compressor's linears at 256 and 1024 rows on the older tiled
+// kernel, the automatic choice and each dense GEMM tile (kernels/ops/dense_gemm.cu), in µs and TFLOP/s
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +43,8 @@
 #include "model/linears.h"
 #include "linear_inputs.h"
 #include "ops/dense_gemm.h"
+#include "ops/dense_stream.h"
+#include "ops/lin8_tc_gemm.h"
 #include "ops/lin_gemm.h"
 
 namespace {
@@ -249,6 +256,7 @@ void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vec
       a.w = wt.at(i);
       gpu::lin8(a, g_stream);
     };
+    a.exact_block_sums = true;  // the bitwise CPU check needs the sequential block sums
     call(0);
     gpu::check_cuda(cudaDeviceSynchronize(), "lin8");
     const std::vector<int64_t> rows = checked_rows(m);
@@ -257,9 +265,13 @@ void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vec
     model::linear_bf16(*wt.lin, xs.data(), static_cast<int64_t>(rows.size()), want.data());
     check_rows("lin8 " + name + " m=" + std::to_string(m), dy.to_host<float>(static_cast<size_t>(m * out)), out, 0,
                rows, want, out);
+    const double lin8_bytes = double(wbytes + sbytes) + double(m * in) * 1.125 + double(m * out) * 4;
+    // the sequential kernel (exact_block_sums) next to the tensor-core one, in the same process
+    report("lin8", name + " " + std::to_string(out) + "x" + std::to_string(in) + " exact", m, time_calls(call, iters),
+           lin8_bytes);
+    a.exact_block_sums = false;  // timed as the model calls it (tensor-core block sums where taken)
     const double us = time_calls(call, iters);
-    report("lin8", name + " " + std::to_string(out) + "x" + std::to_string(in), m, us,
-           double(wbytes + sbytes) + double(m * in) * 1.125 + double(m * out) * 4);
+    report("lin8", name + " " + std::to_string(out) + "x" + std::to_string(in), m, us, lin8_bytes);
   }
 }
 
@@ -278,6 +290,17 @@ struct GemmMode {
 };
 
 constexpr int kGemmTiles = 5;  // forced CTA tiles of lin8_gemm (raw::set_lin8_gemm_tile)
+
+// Forces the tensor-core Lin8 GEMM's threshold and tile while in scope.
+struct TcMode {
+  int64_t rows;
+  int tile;
+  TcMode(int64_t min_rows, int t) : rows(gpu::raw::set_lin8_tc_min_rows(min_rows)), tile(gpu::raw::set_lin8_tc_tile(t)) {}
+  ~TcMode() {
+    gpu::raw::set_lin8_tc_min_rows(rows);
+    gpu::raw::set_lin8_tc_tile(tile);
+  }
+};
 
 void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std::vector<int64_t>& ms, int iters) {
   const Lin8Weight wt(in, out);
@@ -304,6 +327,7 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
       std::fflush(stdout);
     };
     double us_gemv;
+    a.exact_block_sums = true;  // the sequential kernels: the GEMV and the CUDA-core GEMM tiles
     {
       GemmMode mode(std::numeric_limits<int64_t>::max(), 0);
       a.y = y_gemv.as<float>();
@@ -338,8 +362,43 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
       static const char* const kNames[] = {"", "64x64", "128x64", "128x128", "64x64/k4", "32x64/k8"};
       line(kNames[tile], time_calls(call, n_it));
     }
-    {  // the default dispatch: GEMM (tile by the time model) or GEMV
+    {  // the default dispatch of exact_block_sums calls: GEMM (tile by the time model) or GEMV
       GemmMode mode(gpu::raw::kLin8GemmMinRows, 0);
+      line("exact", time_calls(call, n_it));
+    }
+    // the tensor-core GEMM (calls without exact_block_sums), each tile: outputs equal to the
+    // sequential sums where the block sums fit in 24 bits, else within a rounding of a block sum
+    a.exact_block_sums = false;
+    for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
+      TcMode mode(1, tile);
+      a.y = y_gemm.as<float>();
+      gpu::check_cuda(cudaMemset(y_gemm.get(), 0xFF, static_cast<size_t>(m * out) * 4), "poison");
+      call(0);
+      gpu::check_cuda(cudaDeviceSynchronize(), "lin8 tc gemm");
+      const std::vector<float> got = y_gemm.to_host<float>(static_cast<size_t>(m * out));
+      // differences relative to the largest output (single outputs may cancel to near zero); on
+      // these full-range random codes up to ~3e-3 was measured on H200, a wrong index or scale
+      // gives differences of the order of the outputs (the derived bound: lin8_tc_gemm_test)
+      size_t same = 0, nonfinite = 0;
+      double worst = 0.0, largest = 0.0;
+      for (float v : ref) largest = std::max(largest, std::fabs(double(v)));
+      for (size_t i = 0; i < got.size(); ++i) {
+        same += std::memcmp(&got[i], &ref[i], 4) == 0;
+        if (!std::isfinite(got[i])) ++nonfinite;
+        else worst = std::max(worst, std::fabs(double(got[i]) - ref[i]));
+      }
+      worst /= std::max(largest, 1e-30);
+      const bool tc_bad = nonfinite != 0 || worst > 1e-2;
+      std::printf("  check %-40s %s (%zu/%zu equal to the sequential sums, worst difference %.2e of the largest output)\n",
+                  ("lin8 tc tile " + std::to_string(tile) + " " + name + " m=" + std::to_string(m)).c_str(),
+                  tc_bad ? "FAILED" : "ok", same, got.size(), worst);
+      if (tc_bad) ++g_failures;
+      static const char* const kTcNames[] = {"", "tc128x128", "tc64x64"};
+      line(tile < 3 ? kTcNames[tile] : "tc", time_calls(call, n_it));
+    }
+    {  // the default dispatch of calls without exact_block_sums
+      GemmMode mode(gpu::raw::kLin8GemmMinRows, 0);
+      TcMode tc(gpu::raw::kLin8TcMinRows, 0);
       line("dispatch", time_calls(call, n_it));
     }
   }
@@ -465,6 +524,7 @@ void bench_lin4(const std::string& name, int64_t in, int64_t out, int64_t n_expe
       a.expert_ids = dids.as<int32_t>() + static_cast<int64_t>(i % n_sets) * rows;
       gpu::lin4(a, g_stream);
     };
+    a.exact_block_sums = true;  // the bitwise CPU check needs the sequential block sums
     call(0);
     gpu::check_cuda(cudaDeviceSynchronize(), "lin4");
     {  // CPU reference of the checked rows, through a checkpoint of the experts they use
@@ -506,8 +566,8 @@ void bench_lin4(const std::string& name, int64_t in, int64_t out, int64_t n_expe
       distinct += static_cast<double>(std::unique(s.begin(), s.end()) - s.begin());
     }
     distinct /= iters;
-    report("lin4", name + " " + std::to_string(out) + "x" + std::to_string(in), m, us,
-           distinct * double(pbytes + sbytes) + double(x_rows * in) * 1.125 + double(rows * out) * 4);
+    const double lin4_bytes = distinct * double(pbytes + sbytes) + double(x_rows * in) * 1.125 + double(rows * out) * 4;
+    report("lin4", name + " " + std::to_string(out) + "x" + std::to_string(in), m, us, lin4_bytes);
   }
 }
 
@@ -594,8 +654,31 @@ void bench_lin4_pair(const std::string& name, int64_t in, int64_t out, int64_t n
 }
 
 // ---- dense ------------------------------------------------------------------------------------------
+// One way to run the dense calls: the streaming kernel's mode (0 = automatic, 1 = off: the older
+// kernels) and a forced plan (rows per tile, stages, CTAs per SM; 0 = chosen per call), see
+// kernels/ops/dense_stream.h. Applied while in scope.
+struct DenseVariant {
+  const char* label;
+  int mode, rows, stages, ctas_per_sm;
+};
+struct DenseVariantScope {
+  int mode, rows, stages, cps;
+  explicit DenseVariantScope(const DenseVariant& v)
+      : mode(gpu::raw::set_dense_stream_mode(v.mode)),
+        rows(gpu::raw::set_dense_stream_rows_per_tile(v.rows)),
+        stages(gpu::raw::set_dense_stream_stages(v.stages)),
+        cps(gpu::raw::set_dense_stream_ctas_per_sm(v.ctas_per_sm)) {}
+  ~DenseVariantScope() {
+    gpu::raw::set_dense_stream_mode(mode);
+    gpu::raw::set_dense_stream_rows_per_tile(rows);
+    gpu::raw::set_dense_stream_stages(stages);
+    gpu::raw::set_dense_stream_ctas_per_sm(cps);
+  }
+};
+
 void bench_dense(const std::string& name, gpu::DenseType wt, int64_t in, int64_t out, int64_t groups, bool round,
-                 const std::vector<int64_t>& ms, int iters, int64_t check_outputs) {
+                 const std::vector<int64_t>& ms, int iters, int64_t check_outputs,
+                 const std::vector<DenseVariant>& variants = {{"", 0, 0, 0, 0}}) {
   const bool bf = wt == gpu::DenseType::BF16;
   const int64_t esize = bf ? 2 : 4;
   const size_t wbytes = static_cast<size_t>(groups * out * in * esize);
@@ -639,24 +722,39 @@ void bench_dense(const std::string& name, gpu::DenseType wt, int64_t in, int64_t
       a.w = dw.as<uint8_t>() + wbytes * (i % copies);
       gpu::lin_dense(a, g_stream);
     };
-    call(0);
-    gpu::check_cuda(cudaDeviceSynchronize(), "lin_dense");
+    // the CPU reference of the checked rows (the same for every variant)
     const std::vector<int64_t> rows = checked_rows(m);
-    const std::vector<float> got = dy.to_host<float>(static_cast<size_t>(m * groups * out));
+    std::vector<std::vector<float>> wants(static_cast<size_t>(groups));
     for (int64_t g = 0; g < groups; ++g) {
-      std::vector<float> xs(rows.size() * in), want(rows.size() * co);
+      std::vector<float> xs(rows.size() * in);
+      wants[g].resize(rows.size() * co);
       for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&x[(rows[i] * groups + g) * in], in, &xs[i * in]);
-      if (round) model::linear_bf16(*lins[g], xs.data(), static_cast<int64_t>(rows.size()), want.data());
-      else lins[g]->forward(xs.data(), static_cast<int64_t>(rows.size()), want.data());
-      check_rows("dense " + name + " g" + std::to_string(g) + " m=" + std::to_string(m), got, groups * out, g * out,
-                 rows, want, co);
+      if (round) model::linear_bf16(*lins[g], xs.data(), static_cast<int64_t>(rows.size()), wants[g].data());
+      else lins[g]->forward(xs.data(), static_cast<int64_t>(rows.size()), wants[g].data());
     }
-    const double us = time_calls(call, iters);
-    report(bf ? "bf16" : "f32", name + " " + std::to_string(groups) + "x" + std::to_string(out) + "x" + std::to_string(in),
-           m, us, double(wbytes) + double(m * groups * in) * 4 + double(m * groups * out) * 4);
-    const double tflops = 2.0 * double(m) * double(groups * out) * double(in) / (us * 1e6);
-    std::printf("       %-30s m=%-4lld %9.2f TFLOP/s %5.1f %% of the fp32 FMA ceiling (%.0f TFLOP/s)\n", name.c_str(),
-                static_cast<long long>(m), tflops, 100.0 * tflops / kFmaTflops, kFmaTflops);
+    for (const DenseVariant& v : variants) {
+      DenseVariantScope scope(v);
+      const std::string label = name + (v.label[0] ? std::string(" ") + v.label : std::string());
+      a.w = dw.get();
+      gpu::raw::DenseStreamPlan plan;
+      if (v.mode != 1 && gpu::raw::dense_stream_takes(a) && gpu::raw::dense_stream_plan(a, &plan))
+        std::printf("       %-30s m=%-4lld stream plan: %d rows/tile, %d stages, %lld CTAs of %d threads, %zu KB smem\n",
+                    label.c_str(), static_cast<long long>(m), plan.rows_per_tile, plan.stages,
+                    static_cast<long long>(plan.ctas), plan.threads, plan.smem / 1024);
+      gpu::check_cuda(cudaMemset(dy.get(), 0xff, static_cast<size_t>(m * groups * out) * 4), "poison");
+      call(0);
+      gpu::check_cuda(cudaDeviceSynchronize(), "lin_dense");
+      const std::vector<float> got = dy.to_host<float>(static_cast<size_t>(m * groups * out));
+      for (int64_t g = 0; g < groups; ++g)
+        check_rows("dense " + label + " g" + std::to_string(g) + " m=" + std::to_string(m), got, groups * out, g * out,
+                   rows, wants[g], co);
+      const double us = time_calls(call, iters);
+      report(bf ? "bf16" : "f32", label + " " + std::to_string(groups) + "x" + std::to_string(out) + "x" + std::to_string(in),
+             m, us, double(wbytes) + double(m * groups * in) * 4 + double(m * groups * out) * 4);
+      const double tflops = 2.0 * double(m) * double(groups * out) * double(in) / (us * 1e6);
+      std::printf("       %-30s m=%-4lld %9.2f TFLOP/s %5.1f %% of the fp32 FMA ceiling (%.0f TFLOP/s)\n", label.c_str(),
+                  static_cast<long long>(m), tflops, 100.0 * tflops / kFmaTflops, kFmaTflops);
+    }
   }
 }
 
@@ -669,6 +767,8 @@ int main(int argc, char** argv) {
   const bool gemm_only = argc > 1 && std::string(argv[1]) == "--gemm";
   // --dense: the prefill dense linears (wo_a, the compressor) at 256 and 1024 rows, per kernel
   const bool dense_only = argc > 1 && std::string(argv[1]) == "--dense";
+  // --decode: the block-scaled linears at decode sizes (m = 1, 2, 4)
+  const bool decode_only = argc > 1 && std::string(argv[1]) == "--decode";
   try {
     const ModelConfig c = load_model_config(std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json");
     cudaDeviceProp prop{};
@@ -682,6 +782,37 @@ int main(int argc, char** argv) {
     const int64_t inter = c.moe_intermediate_size, K = c.num_experts_per_tok, E = c.n_routed_experts;
 
     if (dense_only) {
+      // decode sizes (m = 1, 2, 4): the streaming kernel's automatic plan against the older
+      // kernels; "--dense sweep" adds forced plans, "--dense decode" skips the prefill part
+      const std::string part = argc > 2 ? argv[2] : "";
+      if (!part.empty() && part != "decode" && part != "sweep")
+        throw std::runtime_error("--dense: expected decode or sweep, got " + part);
+      const std::vector<int64_t> m_dec = {1, 2, 4};
+      const std::vector<DenseVariant> base = {{"stream", 0, 0, 0, 0}, {"older", 1, 0, 0, 0}};
+      std::vector<DenseVariant> one_wave = base, streamed = base;
+      if (part == "sweep") {
+        for (const DenseVariant& v : std::initializer_list<DenseVariant>{
+                 {"r1s1", 0, 1, 1, 0}, {"r2s1", 0, 2, 1, 0}, {"r4s1", 0, 4, 1, 0}, {"r8s1", 0, 8, 1, 0},
+                 {"r1s2", 0, 1, 2, 0}, {"r2s2", 0, 2, 2, 0}})
+          one_wave.push_back(v);
+        for (const DenseVariant& v : std::initializer_list<DenseVariant>{
+                 {"r16s2", 0, 16, 2, 0}, {"r8s2", 0, 8, 2, 0}, {"r8s3", 0, 8, 3, 0}, {"r4s2", 0, 4, 2, 0},
+                 {"r4s3", 0, 4, 3, 0}, {"r4s4", 0, 4, 4, 0}, {"r4s2c2", 0, 4, 2, 2}, {"r2s4c2", 0, 2, 4, 2},
+                 {"r2s3c3", 0, 2, 3, 3}})
+          streamed.push_back(v);
+      }
+      const int64_t ihd = c.index_head_dim;
+      bench_dense("compressor", gpu::DenseType::F32, dim, hd, 1, false, m_dec, 30, hd, one_wave);
+      bench_dense("index wk", gpu::DenseType::BF16, hd, ihd, 1, true, m_dec, 30, ihd, one_wave);
+      bench_dense("weights_proj", gpu::DenseType::BF16, dim, c.index_n_heads, 1, true, m_dec, 30, c.index_n_heads,
+                  one_wave);
+      bench_dense("wo_a", gpu::DenseType::BF16, H * hd / c.o_groups, c.o_lora_rank, c.o_groups, true, m_dec, 30, 256,
+                  streamed);
+      bench_dense("head", gpu::DenseType::BF16, dim, c.vocab_size, 1, false, m_dec, 10, 1024, streamed);
+      if (!part.empty()) {
+        std::printf("comparisons failed: %d\n", g_failures);
+        return g_failures ? 1 : 0;
+      }
       // the prefill dense linears on the older tiled kernel, the automatic choice and each GEMM tile
       const std::vector<int64_t> md = {256, 1024};
       struct Mode {
@@ -728,6 +859,20 @@ int main(int argc, char** argv) {
       bench_lin8_gemm("shared w2", inter, dim, mg, 10);
       bench_lin8_gemm("index wq_b", qlr, c.index_n_heads * c.index_head_dim, mg, 10);
       bench_lin8_gemm("engram wkv", c.n_engram_columns() * c.engram_head_dim, dim * (c.hc_mult + 1), mg, 10);
+      std::printf("comparisons failed: %d\n", g_failures);
+      return g_failures ? 1 : 0;
+    }
+    if (decode_only) {
+      bench_lin4_pair("w1+w3", dim, inter, E, K, ms_decode, it);
+      bench_lin8_pair("wq_a+wkv", dim, qlr, hd, ms_decode, it);
+      bench_lin8_pair("shared w1+w3", dim, inter, inter, ms_decode, it);
+      bench_lin4("gate/up", dim, inter, E, K, true, ms_decode, it);
+      bench_lin4("down", inter, dim, E, K, false, ms_decode, it);
+      bench_lin8("wq_a", dim, qlr, ms_decode, it);
+      bench_lin8("wq_b", qlr, H * hd, ms_decode, it);
+      bench_lin8("wo_b", c.o_groups * c.o_lora_rank, dim, ms_decode, it);
+      bench_lin8("shared w1", dim, inter, ms_decode, it);
+      bench_lin8("shared w2", inter, dim, ms_decode, it);
       std::printf("comparisons failed: %d\n", g_failures);
       return g_failures ? 1 : 0;
     }

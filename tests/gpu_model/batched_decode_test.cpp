@@ -172,7 +172,7 @@ model::CudaModelOptions cuda_opts(const std::string& fixture, int64_t k_parts, i
   o.mix_gemm_k_parts = k_parts;
   o.max_chunk_tokens = pass_tokens;
   o.dspark = dspark;
-  o.grouped_moe_min_rows = 0;  // the exact per-pair MoE kernels: compared with the CPU engine
+  o.exact_block_sums = true;  // sequential block sums, no grouped MoE: compared with the CPU engine bit for bit
   return o;
 }
 

@@ -43,7 +43,7 @@ model::CudaModelOptions cuda_opts(const std::string& token_map, int64_t context,
   o.engram_token_map = token_map;
   o.max_context = context;
   o.max_chunk_tokens = pass_tokens;
-  o.grouped_moe_min_rows = 0;  // the exact per-pair MoE kernels: compared with the CPU engine
+  o.exact_block_sums = true;  // sequential block sums, no grouped MoE: compared with the CPU engine bit for bit
   return o;
 }
 

@@ -94,7 +94,7 @@ model::CudaModelOptions cuda_options(const std::string& name, int64_t parts = 0)
   model::CudaModelOptions o;
   o.engram_token_map = fixture(name) + "/engram_token_map.safetensors";
   o.mix_gemm_k_parts = parts;
-  o.grouped_moe_min_rows = 0;  // exact MoE kernels: drafts compared with the CPU engine and bit for bit
+  o.exact_block_sums = true;  // sequential block sums, no grouped MoE: drafts compared with the CPU engine bit for bit
   return o;
 }
 

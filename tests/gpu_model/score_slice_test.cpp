@@ -40,7 +40,7 @@ model::CudaModelOptions opts(const std::string& fixture, int64_t context, int64_
   o.max_context = context;
   o.max_chunk_tokens = pass_tokens;
   o.index_score_slice_bytes = slice_bytes;
-  o.grouped_moe_min_rows = 0;  // the exact per-pair MoE kernels: compared with the CPU engine
+  o.exact_block_sums = true;  // sequential block sums, no grouped MoE: compared with the CPU engine bit for bit
   o.dspark = false;
   return o;
 }

@@ -53,6 +53,8 @@ TEST(GpuOpsLatency, RmsNormFewRowsUnalignedInPlace) {
 
 // hc_mix at decode-sized batches and at 33 tokens (staged dots for parts of 256, the unstaged form
 // for P parts and the blocked order, whose 54 parts at the real K exceed a warp), with the K partitions and sigmoid paths of HcMixSigmoidPathsExact; bit-exact.
+// Each call runs as separate dots and split launches and with the split in the dots' launch
+// (HcMixArgs::counters, the decode form), which must also leave its counters zeroed.
 TEST(GpuOpsLatency, HcMixFewTokensExact) {
   for (const Shapes& s : shape_sets()) {
     const ModelConfig& c = s.cfg;
@@ -70,6 +72,7 @@ TEST(GpuOpsLatency, HcMixFewTokensExact) {
     std::copy(h.begin(), h.end(), hp.begin() + 1);
     Guarded dh = Guarded::from(h), dhp = Guarded::from(hp), dfn = Guarded::from(fn), dbase = Guarded::from(base),
             dscale = Guarded::from(scale);
+    Guarded dcount = Guarded::from(std::vector<uint32_t>(static_cast<size_t>(n_max), 0u));
     const struct {
       int64_t n, t_ref0, rows_ref, k_parts;
       bool unaligned;
@@ -93,16 +96,21 @@ TEST(GpuOpsLatency, HcMixFewTokensExact) {
         std::copy_n(m.post, hc, &want[t * n_mix + hc]);
         std::copy_n(m.comb, hc * hc, &want[t * n_mix + 2 * hc]);
       }
-      Guarded dmix(want.size() * 4);
-      gpu::HcMixArgs ma = gpu::hc_mix_args(c, call.unaligned ? dhp.as<float>() + 1 : dh.as<float>(), n,
-                                           dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), dmix.as<float>());
-      ma.t_ref0 = call.t_ref0;
-      ma.rows_ref = call.rows_ref;
-      ma.k_parts = call.k_parts;
-      gpu::hc_mix(ma, nullptr);
-      sync_ok();
-      expect_equal(what, dmix.host<float>(), want);
-      expect_guards(what, dmix);
+      for (bool fused : {false, true}) {
+        Guarded dmix(want.size() * 4);
+        gpu::HcMixArgs ma = gpu::hc_mix_args(c, call.unaligned ? dhp.as<float>() + 1 : dh.as<float>(), n,
+                                             dfn.as<float>(), dbase.as<float>(), dscale.as<float>(), dmix.as<float>());
+        ma.t_ref0 = call.t_ref0;
+        ma.rows_ref = call.rows_ref;
+        ma.k_parts = call.k_parts;
+        ma.counters = fused ? dcount.as<uint32_t>() : nullptr;
+        gpu::hc_mix(ma, nullptr);
+        sync_ok();
+        const std::string form = what + (fused ? " fused" : " separate");
+        expect_equal(form, dmix.host<float>(), want);
+        expect_guards(form, dmix);
+        if (fused) expect_equal(form + " counters", dcount.host<uint32_t>(), std::vector<uint32_t>(static_cast<size_t>(n_max), 0u));
+      }
     }
   }
 }

@@ -2,8 +2,9 @@
 // Linear objects: Lin8 at every row-group size (1, 2, 4 rows per weight read, several groups), K block
 // counts that do and do not divide the lane chunk (32, 16, 8, a ragged 3), output counts off the
 // tile, output strides with gaps; Lin4 expert banks whose pairs share experts (grouped reads of 1,
-// 2 and 4 rows, leftovers), empty slots and a bank of one without ids; the tiled dense kernel at
-// every (rows, K split) it picks, partial 256-blocks, grouped weights and strided activations.
+// 2 and 4 rows, leftovers), empty slots and a bank of one without ids; the older tiled dense kernel
+// at every (rows, K split) it picks, partial 256-blocks, grouped weights and strided activations,
+// and the decode-size dense calls on the streaming kernel and the older ones.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "harness.h"
 #include "linear_inputs.h"
 #include "model/linears.h"
+#include "ops/dense_stream.h"
 
 namespace dsv41::test {
 namespace {
@@ -50,6 +52,7 @@ void lin8_case(int64_t in, int64_t out, int64_t m, bool round) {
   a.y = dy.as<float>();
   a.y_stride = y_stride;
   a.round_bf16 = round;
+  a.exact_block_sums = true;  // the sequential kernel, bit for bit with the CPU
   gpu::lin8(a, nullptr);
   sync_ok();
   expect_equal(what, strided_rows(what, dy, m, y_stride, out), want);
@@ -112,6 +115,7 @@ void lin4_case(const std::string& tag, int64_t in, int64_t out, int64_t n_expert
   a.x_row_div = x_row_div;
   a.y = dy.as<float>();
   a.y_stride = y_stride;
+  a.exact_block_sums = true;  // the sequential kernel, bit for bit with the CPU
   gpu::lin4(a, nullptr);
   sync_ok();
   expect_equal(what, strided_rows(what, dy, rows, y_stride, out), want);
@@ -203,10 +207,20 @@ void dense_case(gpu::DenseType wt, int64_t in, int64_t out, int64_t groups, int6
   expect_guards(what, dy);
 }
 
+// Sets the weight-streaming dense kernel's mode while in scope (kernels/ops/dense_stream.h: 0 =
+// automatic, 1 = off).
+struct DenseStreamMode {
+  int prev;
+  explicit DenseStreamMode(int mode) : prev(gpu::raw::set_dense_stream_mode(mode)) {}
+  ~DenseStreamMode() { gpu::raw::set_dense_stream_mode(prev); }
+};
+
 TEST(GpuLinearBandwidth, DenseTiledSplits) {
   using gpu::DenseType;
-  // (the staged kernel takes up to 1024 output rows at m = 1 and up to 64 at m <= 4, the warp-per-row
-  // kernel the rest of up to 1024 rows at m <= 4 and up to 64 at larger m)
+  // The older kernels with the streaming kernel off (they still take what its plan cannot fit): the
+  // warp-per-row kernel takes up to 1024 output rows at m <= 4 and up to 64 at larger m, the tiled
+  // kernel the rest.
+  DenseStreamMode off(1);
   for (int64_t m : {1, 2, 3, 4}) dense_case(DenseType::BF16, 5120, 1100, 1, m, 0, true);  // K split 8 / 8 / 4 / 4
   for (int64_t m : {1, 2, 3, 4, 5, 9, 17}) {
     dense_case(DenseType::BF16, 5120, 40, 1, m, 0, true);     // few rows
@@ -219,19 +233,23 @@ TEST(GpuLinearBandwidth, DenseTiledSplits) {
 }
 
 // The few-rows linears at the decode shapes of the real model (compressor wkv/wgate in fp32, index
-// keys and weights_proj in bf16): at m = 1 the staged kernel with CTAs of 1, 2 and 4 weight rows (at
-// 132 SMs), a last CTA with fewer rows, rows whose last 256-block is partial, strided activations
-// and groups; at m = 2..4 the staged kernel for up to 64 rows, the warp-per-row kernel above that.
-TEST(GpuLinearBandwidth, DenseStagedFewRows) {
+// keys and weights_proj in bf16), a last tile with fewer rows, rows whose last 256-block is
+// partial, strided activations and groups: on the weight-streaming kernel (automatic) and on the
+// older kernels (streaming off).
+TEST(GpuLinearBandwidth, DenseFewRowsDecodeShapes) {
   using gpu::DenseType;
-  for (int64_t m : {1, 2, 3, 4}) {
-    dense_case(DenseType::F32, 5120, 512, 1, m, 0, false);  // compressor wkv / wgate (2 rows per CTA)
-    dense_case(DenseType::BF16, 512, 128, 1, m, 0, true);   // index keys (1 row per CTA)
-    dense_case(DenseType::BF16, 5120, 32, 1, m, 0, true);   // weights_proj
-    dense_case(DenseType::BF16, 2056, 1001, 1, m, 8, false); // 4 rows per CTA, partial last CTA and block
+  for (int mode : {0, 1}) {
+    SCOPED_TRACE(mode ? "older kernels" : "streaming kernel");
+    DenseStreamMode force(mode);
+    for (int64_t m : {1, 2, 3, 4}) {
+      dense_case(DenseType::F32, 5120, 512, 1, m, 0, false);   // compressor wkv / wgate
+      dense_case(DenseType::BF16, 512, 128, 1, m, 0, true);    // index keys
+      dense_case(DenseType::BF16, 5120, 32, 1, m, 0, true);    // weights_proj
+      dense_case(DenseType::BF16, 2056, 1001, 1, m, 8, false); // partial last tile and block
+    }
+    dense_case(DenseType::F32, 5120, 1024, 1, 1, 0, true);     // rounded outputs
+    dense_case(DenseType::BF16, 1024, 96, 8, 2, 0, true);      // groups
   }
-  dense_case(DenseType::F32, 5120, 1024, 1, 1, 0, true);    // rounded outputs
-  dense_case(DenseType::BF16, 1024, 96, 8, 2, 0, true);     // groups
 }
 
 }  // namespace

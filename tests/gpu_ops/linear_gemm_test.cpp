@@ -98,6 +98,7 @@ void gemm_case(const std::string& tag, int64_t in, const std::vector<int64_t>& o
     a.m = m;
     a.y_stride = strides[p];
     a.round_bf16 = round_bf16;
+    a.exact_block_sums = true;  // the sequential kernels, bit for bit with the CPU
   }
   auto alloc = [&](size_t p) { return std::make_unique<Guarded>(static_cast<size_t>(m * strides[p]) * 4); };
 
@@ -196,6 +197,7 @@ TEST(GpuLinearGemm, Dispatch) {
   g.lin[0].x_codes = xc.as<uint8_t>();
   g.lin[0].x_scales = xsc.as<float>();
   g.lin[0].m = gpu::raw::kLin8GemmMinRows;
+  g.lin[0].exact_block_sums = true;  // the CUDA-core GEMM's dispatch (the tensor-core one: lin8_tc_gemm_test)
   EXPECT_TRUE(gpu::raw::lin8_gemm_takes(g));
   g.lin[0].m = gpu::raw::kLin8GemmMinRows - 1;
   EXPECT_FALSE(gpu::raw::lin8_gemm_takes(g));

@@ -43,6 +43,7 @@ void run_lin8(const std::string& tag, int64_t in, int64_t out, int64_t m, bool t
   a.m = m;
   a.y = dy.as<float>();
   a.y_stride = y_stride;
+  a.exact_block_sums = true;  // the sequential kernel, bit for bit with the CPU
   gpu::lin8(a, nullptr);
   sync_ok();
   std::vector<float> got_all = dy.host<float>(), got(want.size());
@@ -105,6 +106,7 @@ void run_lin4(const std::string& tag, int64_t in, int64_t out, int64_t n_experts
   a.x_row_div = gate_up ? top_k : 1;
   a.y = dy.as<float>();
   a.y_stride = out;
+  a.exact_block_sums = true;  // the sequential kernel, bit for bit with the CPU
   gpu::lin4(a, nullptr);
   sync_ok();
   expect_equal(what, dy.host<float>(), want);  // bit for bit with the CPU engine

@@ -99,6 +99,13 @@ struct CudaModelOptions {
   // (batched or not) and DSpark drafts always keep them, so a sequence's tokens never depend on its batch. Tests that
   // compare prefill with the CPU engine bit for bit set 0.
   int64_t grouped_moe_min_rows = 64;
+  // true: every FP8/FP4 linear sums each 32-wide block of exact code products one by one in K order,
+  // as the CPU engine does, so results are bit-identical to it (and the grouped MoE above is off).
+  // false lets the block-scaled kernels sum a block in the tensor core: the same value whenever the
+  // block's exact sum fits in 24 bits, otherwise within a rounding of it (docs/ARCHITECTURE.md,
+  // numerics). Tests that compare with the CPU engine bit for bit set true; the environment's
+  // DSV41_EXACT_BLOCK_SUMS=1 sets it in every process of a run.
+  bool exact_block_sums = false;
   // Load the mtp.* DSpark stages when the config has them (drafting, and the DSpark rings every
   // forward feeds); as CpuModelOptions::dspark.
   bool dspark = true;

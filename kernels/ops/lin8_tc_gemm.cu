@@ -1,0 +1,346 @@
+// Lin8 as a tensor-core GEMM (mma.sync m16n8k16, fp16 inputs, fp32 accumulate), for prefill passes
+// of calls that allow tensor-core block sums (Lin8Args::exact_block_sums == false).
+//
+// Arithmetic. Per (token, output) and 32-wide K block, the block's 32 exact code products are
+// summed in the tensor core by the one arrangement every tensor-core Lin8/Lin4 kernel uses
+// (tc::block_a_fp8 / tc::block_b / tc::block_dot, ops/tc_block.cuh); the block is folded into the
+// output's accumulator in increasing K-block order from zero as the CPU reference does (acc +=
+// (part * act_scale) * w_scale, as tc::fold_block); bf16 rounding at the end if asked. An output
+// therefore depends only on its own token's codes and scales and its own weight row: the tile, the
+// row count, the token tile it lands in and the other parts of a group change nothing. It equals the
+// CPU reference whenever each block's exact sum fits in 24 bits (ops/tc_block.cuh).
+//
+// Tiles. The MMA's M side is the weight rows (outputs), its N side the tokens. A CTA computes BM
+// weight rows x BN tokens with WM x WN warps, each warp MT 16-row m-tiles x NT 8-token n-tiles, and
+// walks K 128 bytes (four scale blocks) per stage through an S-stage cp.async pipeline. Staged rows
+// are 128 + 32 bytes apart, so a warp's 8-byte fragment reads (8 rows x 4 K quarters) hit 32
+// distinct banks per half warp.
+//
+// Widening. Each warp widens the codes of its fragments (tc::block_a_fp8 / tc::block_b) at every
+// read. A variant that widened each staged stage once into fp16 rows shared by all warps (one more
+// barrier per stage, twice the shared-memory reads) measured 1.25-1.9x slower on H200 at every
+// real shape and row count (bench_gpu_linear --gemm).
+//
+// Grid: x = token tiles (fastest, so the CTAs that read one weight tile run together and the weight
+// comes from DRAM about once), y = weight-row tiles over the parts of a group numbered as if their
+// outputs were concatenated (each part's last tile may be partial).
+#include <atomic>
+
+#include "ops/lin8_tc_gemm.h"
+#include "ops/lin_gemm.h"
+#include "ops/ops_common.cuh"
+#include "ops/pdl.cuh"
+#include "ops/tc_block.cuh"
+
+namespace dsv41::ops::gpu {
+namespace {
+
+constexpr int kMaxParts = kLinGroupMax;
+constexpr int kBK = 128;                   // K bytes (codes) per pipeline stage
+constexpr int kStageBlocks = kBK / 32;     // scale blocks per stage
+constexpr int kRowStride = kBK + 32;       // staged row pitch in bytes (bank-conflict padding)
+constexpr int kMaxWsBytes = 16 * 1024;     // weight scales a CTA keeps (BM/32 rows x in/32 blocks)
+
+struct TcArgs {
+  int n_parts = 1;
+  const uint8_t* w[kMaxParts] = {};   // codes [out][in]
+  const uint8_t* ws[kMaxParts] = {};  // E8M0 [ceil(out/32)][in/32]
+  int64_t out[kMaxParts] = {};
+  float* y[kMaxParts] = {};
+  int64_t y_stride[kMaxParts] = {};
+  int64_t col0[kMaxParts] = {};  // first weight-row tile of each part
+  int64_t in = 0;
+  const uint8_t* x_codes = nullptr;  // [rows][in]
+  const float* x_scales = nullptr;   // [rows][in/32]
+  int64_t rows = 0;
+  bool round_bf16 = true;
+};
+
+struct PartView {
+  const uint8_t* w;
+  const uint8_t* ws;
+  int64_t out;
+  float* y;
+  int64_t y_stride;
+  int64_t col;  // weight-row tile within the part
+};
+// Static indices keep the argument arrays in the parameter space.
+__device__ __forceinline__ PartView part_of(const TcArgs& a, int64_t col) {
+  PartView v{a.w[0], a.ws[0], a.out[0], a.y[0], a.y_stride[0], col};
+#pragma unroll
+  for (int p = 1; p < kMaxParts; ++p)
+    if (p < a.n_parts && col >= a.col0[p]) v = {a.w[p], a.ws[p], a.out[p], a.y[p], a.y_stride[p], col - a.col0[p]};
+  return v;
+}
+
+// WM x WN warps of MT x NT MMA tiles, S stages, MinBlocks CTAs per SM (__launch_bounds__).
+template <int WM, int WN, int MT, int NT, int S, int MinBlocks>
+struct TileShape {
+  static constexpr int kWN = WN, kMT = MT, kNT = NT, kStages = S, kMinBlocks = MinBlocks;
+  static constexpr int kThreads = 32 * WM * WN;
+  static constexpr int kBM = WM * MT * 16, kBN = WN * NT * 8;
+  static constexpr int kABytes = kBM * kRowStride, kBBytes = kBN * kRowStride;
+  static constexpr int kXsBytes = kStageBlocks * kBN * 4;  // fp32 activation scales [block][token]
+  static constexpr int kStageBytes = kABytes + kBBytes + kXsBytes;
+  static constexpr int kPipeBytes = S * kStageBytes;
+  static constexpr int kAChunks = kBM * (kBK / 16) / kThreads;  // 16-byte copies per thread per stage
+  static constexpr int kBChunks = kBN * (kBK / 16) / kThreads;
+  static constexpr int kXsCopies = kStageBlocks * kBN / kThreads;
+  static_assert(kBM % 32 == 0 && kAChunks * kThreads == kBM * (kBK / 16) && kBChunks * kThreads == kBN * (kBK / 16) &&
+                kXsCopies * kThreads == kStageBlocks * kBN && kStageBytes % 16 == 0);
+  static size_t smem_bytes(int64_t nb) { return kPipeBytes + static_cast<size_t>((kBM / 32 * nb + 15) / 16 * 16); }
+};
+using BigTile = TileShape<2, 4, 4, 4, 4, 1>;    // 128 x 128, 8 warps of 64 x 32, 172 KB + scales: 1 CTA per SM
+using SmallTile = TileShape<2, 2, 2, 4, 4, 2>;  // 64 x 64, 4 warps of 32 x 32, 86 KB + scales: 2 CTAs per SM
+
+// 16 bytes global -> shared; !valid zero-fills and reads nothing.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kernel(const TcArgs a) {
+  constexpr int kBM = T::kBM, kBN = T::kBN, kMT = T::kMT, kNT = T::kNT, kStages = T::kStages;
+  constexpr int kThreads = T::kThreads, kStageBytes = T::kStageBytes;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
+  const int warp_m = warp / T::kWN, warp_n = warp % T::kWN;
+  const PartView pv = part_of(a, blockIdx.y);
+  const int64_t f0 = pv.col * kBM, m0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  const int64_t in = a.in, nb = in / 32, out = pv.out, rows = a.rows;
+  const int n_steps = static_cast<int>((nb + kStageBlocks - 1) / kStageBlocks);
+  uint8_t* s_ws = smem + T::kPipeBytes;  // [kBM/32][nb] E8M0 bytes of the tile's rows
+
+  // Copy sources: chunk c = tid + i*kThreads is staged row c/8, bytes 16(c%8).. of the stage's K.
+  const int part16 = (tid & 7) * 16;
+  const uint8_t* a_src[T::kAChunks];
+  bool a_ok[T::kAChunks];
+#pragma unroll
+  for (int i = 0; i < T::kAChunks; ++i) {
+    const int64_t f = f0 + (tid >> 3) + i * (kThreads / 8);
+    a_ok[i] = f < out;
+    a_src[i] = pv.w + (a_ok[i] ? f : 0) * in + part16;
+  }
+  auto load_a = [&](int step, int buf) {
+    uint8_t* sA = smem + buf * kStageBytes;
+    const int64_t k = static_cast<int64_t>(step) * kBK;
+    const bool k_ok = k + part16 < in;
+#pragma unroll
+    for (int i = 0; i < T::kAChunks; ++i) {
+      const bool ok = a_ok[i] && k_ok;
+      cp_async16(sA + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16, ok ? a_src[i] + k : pv.w, ok);
+    }
+  };
+  // weights first: they never change, so they may be read before the previous kernel finishes
+  for (int i = tid; i < kBM / 32 * nb; i += kThreads) {
+    const int64_t grp = i / nb, kb = i - grp * nb;
+    s_ws[i] = f0 + grp * 32 < out ? pv.ws[(f0 / 32 + grp) * nb + kb] : uint8_t{0};
+  }
+  for (int st = 0; st < kStages - 1; ++st)
+    if (st < n_steps) load_a(st, st);
+  dev::pdl_enter();
+
+  const uint8_t* b_src[T::kBChunks];
+  bool b_ok[T::kBChunks];
+#pragma unroll
+  for (int i = 0; i < T::kBChunks; ++i) {
+    const int64_t t = m0 + (tid >> 3) + i * (kThreads / 8);
+    b_ok[i] = t < rows;
+    b_src[i] = a.x_codes + (b_ok[i] ? t : 0) * in + part16;
+  }
+  // activation scale copy e = tid + i*kThreads: block e / kBN of the stage, token e % kBN
+  const float* xs_src[T::kXsCopies];
+  bool xs_ok[T::kXsCopies];
+#pragma unroll
+  for (int i = 0; i < T::kXsCopies; ++i) {
+    const int e = tid + i * kThreads;
+    const int64_t t = m0 + e % kBN;
+    xs_ok[i] = t < rows;
+    xs_src[i] = a.x_scales + (xs_ok[i] ? t : 0) * nb + e / kBN;
+  }
+  auto load_b = [&](int step, int buf) {
+    uint8_t* sB = smem + buf * kStageBytes + T::kABytes;
+    float* sXs = reinterpret_cast<float*>(sB + T::kBBytes);
+    const int64_t k = static_cast<int64_t>(step) * kBK;
+    const bool k_ok = k + part16 < in;
+#pragma unroll
+    for (int i = 0; i < T::kBChunks; ++i) {
+      const bool ok = b_ok[i] && k_ok;
+      cp_async16(sB + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16, ok ? b_src[i] + k : a.x_codes, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < T::kXsCopies; ++i) {
+      const int e = tid + i * kThreads;
+      const bool ok = xs_ok[i] && static_cast<int64_t>(step) * kStageBlocks + e / kBN < nb;
+      cp_async4(sXs + e, ok ? xs_src[i] + static_cast<int64_t>(step) * kStageBlocks : a.x_scales, ok);
+    }
+  };
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < n_steps) load_b(st, st);
+    cp_commit();
+  }
+
+  float acc[kMT][kNT][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+
+  const int row_base = warp_m * kMT * 16, tok_base = warp_n * kNT * 8;
+  for (int step = 0; step < n_steps; ++step) {
+    cp_wait<kStages - 2>();
+    __syncthreads();  // stage `step` visible to all; the buffer refilled below is no longer read
+    {
+      const int next = step + kStages - 1;
+      if (next < n_steps) load_a(next, next % kStages), load_b(next, next % kStages);
+      cp_commit();
+    }
+    const uint8_t* sA = smem + (step % kStages) * kStageBytes;
+    const uint8_t* sB = sA + T::kABytes;
+    const float* sXs = reinterpret_cast<const float*>(sB + T::kBBytes);
+    const int64_t kb0 = static_cast<int64_t>(step) * kStageBlocks;
+#pragma unroll
+    for (int kbl = 0; kbl < kStageBlocks; ++kbl) {
+      if (kb0 + kbl >= nb) break;  // the last stage of a K that is no multiple of 128
+      tc::BlockA af[kMT];
+      float ws[kMT];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        const int r = row_base + mt * 16 + g;
+        const uint2 w0 = *reinterpret_cast<const uint2*>(sA + r * kRowStride + kbl * 32 + tig * 8);
+        const uint2 w1 = *reinterpret_cast<const uint2*>(sA + (r + 8) * kRowStride + kbl * 32 + tig * 8);
+        af[mt] = tc::block_a_fp8(w0, w1);
+        // rows g and g+8 of an m-tile share one 32-row scale group
+        ws[mt] = dev::e8m0_value(s_ws[((row_base + mt * 16) >> 5) * nb + kb0 + kbl]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int t = tok_base + nt * 8;
+        const uint2 bv = *reinterpret_cast<const uint2*>(sB + (t + g) * kRowStride + kbl * 32 + tig * 8);
+        const tc::BlockB bf = tc::block_b(bv);
+        const float2 xs = *reinterpret_cast<const float2*>(sXs + kbl * kBN + t + 2 * tig);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          float d[4];
+          tc::block_dot(d, af[mt], bf);
+          acc[mt][nt][0] = tc::fold_block(acc[mt][nt][0], d[0], xs.x, ws[mt]);
+          acc[mt][nt][1] = tc::fold_block(acc[mt][nt][1], d[1], xs.y, ws[mt]);
+          acc[mt][nt][2] = tc::fold_block(acc[mt][nt][2], d[2], xs.x, ws[mt]);
+          acc[mt][nt][3] = tc::fold_block(acc[mt][nt][3], d[3], xs.y, ws[mt]);
+        }
+      }
+    }
+  }
+  cp_wait<0>();
+
+  // d[2h + c]: weight row g + 8h, token 2tig + c of the MMA tile
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t f = f0 + row_base + mt * 16 + g + 8 * (i >> 1);
+        const int64_t t = m0 + tok_base + nt * 8 + 2 * tig + (i & 1);
+        if (f < out && t < rows) {
+          const float v = acc[mt][nt][i];
+          pv.y[t * pv.y_stride + f] = a.round_bf16 ? dev::bf16_round(v) : v;
+        }
+      }
+}
+
+// Weight-row tiles over the parts (each part's last one may be partial).
+int64_t set_columns(TcArgs& a, int64_t bm) {
+  int64_t cols = 0;
+  for (int p = 0; p < a.n_parts; ++p) {
+    a.col0[p] = cols;
+    cols += (a.out[p] + bm - 1) / bm;
+  }
+  return cols;
+}
+
+template <class T>
+cudaError_t launch_tile(TcArgs a, cudaStream_t s) {
+  static std::atomic<uint64_t> configured{0};
+  cudaError_t e = allow_smem(lin8_tc_gemm_kernel<T>, T::kPipeBytes + kMaxWsBytes, configured);
+  if (e != cudaSuccess) return e;
+  const int64_t cols = set_columns(a, T::kBM), token_tiles = (a.rows + T::kBN - 1) / T::kBN;
+  const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(cols));
+  return launch_pdl(lin8_tc_gemm_kernel<T>, grid, dim3(T::kThreads), T::smem_bytes(a.in / 32), s, a);
+}
+
+// Time model (µs, H200, bench_gpu_linear --gemm): a launch, then waves of CTAs times the K stages,
+// each stage of a wave taking the tile's stage_us (measured 3.4-3.6 µs for the 128 x 128 tile, one
+// CTA per SM, and 1.9-2.1 µs for a wave of two 64 x 64 CTAs per SM, on every real shape at m = 32
+// to 1024).
+struct TileCost {
+  int bm, bn, per_sm;
+  double stage_us;
+};
+constexpr double kLaunchUs = 3.0;
+constexpr TileCost kTileCosts[raw::kLin8TcTiles + 1] = {
+    {0, 0, 0, 0.0}, {128, 128, 1, 3.5}, {64, 64, 2, 2.0}};
+double tile_us(int tile, int64_t m, int64_t in, const int64_t* outs, int n_parts) {
+  const TileCost& t = kTileCosts[tile];
+  int64_t cols = 0;
+  for (int p = 0; p < n_parts; ++p) cols += (outs[p] + t.bm - 1) / t.bm;
+  const int64_t ctas = cols * ((m + t.bn - 1) / t.bn), slots = sm_count() * t.per_sm;
+  const int64_t waves = (ctas + slots - 1) / slots, steps = (in / 32 + kStageBlocks - 1) / kStageBlocks;
+  return kLaunchUs + static_cast<double>(waves * steps) * t.stage_us;
+}
+
+}  // namespace
+
+namespace raw {
+
+bool lin8_tc_gemm_supported(const Lin8GroupArgs& g) {
+  if (g.count <= 0 || g.count > kMaxParts) return false;
+  const Lin8Args& l = g.lin[0];
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (l.w.in <= 0 || l.w.in % 32 != 0 || !aligned(l.x_codes)) return false;
+  if (BigTile::kBM / 32 * (l.w.in / 32) > kMaxWsBytes) return false;
+  int64_t cols = 0;
+  for (int p = 0; p < g.count; ++p) {
+    if (!aligned(g.lin[p].w.codes) || g.lin[p].w.out <= 0) return false;
+    cols += (g.lin[p].w.out + SmallTile::kBM - 1) / SmallTile::kBM;
+  }
+  return cols <= 65535 && (l.m + SmallTile::kBN - 1) / SmallTile::kBN <= INT32_MAX;
+}
+
+double lin8_tc_gemm_us(const Lin8GroupArgs& g, int* tile) {
+  const int n = g.count < kMaxParts ? g.count : kMaxParts;
+  int64_t outs[kMaxParts] = {};
+  for (int p = 0; p < n; ++p) outs[p] = g.lin[p].w.out;
+  const int64_t m = g.lin[0].m, in = g.lin[0].w.in;
+  int best = 1;
+  double us = tile_us(1, m, in, outs, n);
+  for (int t = 2; t <= kLin8TcTiles; ++t) {
+    const double u = tile_us(t, m, in, outs, n);
+    if (u < us) best = t, us = u;
+  }
+  if (tile) *tile = best;
+  return us;
+}
+
+cudaError_t lin8_tc_gemm(const Lin8GroupArgs& g, int tile, cudaStream_t s) {
+  if (g.count <= 0 || g.lin[0].m <= 0) return cudaSuccess;
+  TcArgs a;
+  fill_lin8_parts(a, g, kMaxParts);
+  if (tile < 1 || tile > kLin8TcTiles) lin8_tc_gemm_us(g, &tile);
+  return tile == 1 ? launch_tile<BigTile>(a, s) : launch_tile<SmallTile>(a, s);
+}
+
+}  // namespace raw
+}  // namespace dsv41::ops::gpu

@@ -1,0 +1,218 @@
+// The weight-streaming dense kernel (kernels/ops/dense_stream.cu): bit for bit with the CPU
+// reference engine's dense Linear (dot.h order) at the real decode shapes (the compressor's fp32 and
+// bf16 wkv, the index keys, weights_proj, the grouped wo_a, a head-like many-row call) for m = 1..4
+// and 7, whichever plan runs it (rows per tile, stages in flight, CTAs per SM: every plan must give
+// the same bits), with partial last 256-blocks, strided activations, output stride gaps and groups;
+// and the calls it declines.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <optional>
+
+#include "harness.h"
+#include "model/linears.h"
+#include "ops/dense_stream.h"
+
+namespace dsv41::test {
+namespace {
+
+namespace gpu = ops::gpu;
+namespace raw = ops::gpu::raw;
+
+// Forces the streaming kernel's mode and plan while in scope (0 = chosen per call).
+struct StreamForce {
+  int mode, rows, stages, cps;
+  StreamForce(int m, int r, int s, int c)
+      : mode(raw::set_dense_stream_mode(m)),
+        rows(raw::set_dense_stream_rows_per_tile(r)),
+        stages(raw::set_dense_stream_stages(s)),
+        cps(raw::set_dense_stream_ctas_per_sm(c)) {}
+  ~StreamForce() {
+    raw::set_dense_stream_mode(mode);
+    raw::set_dense_stream_rows_per_tile(rows);
+    raw::set_dense_stream_stages(stages);
+    raw::set_dense_stream_ctas_per_sm(cps);
+  }
+};
+
+// One dense call with random weights and activations, its CPU reference computed once.
+struct DenseProblem {
+  std::string what;
+  gpu::DenseType wt;
+  int64_t in, out, groups, m, x_stride, y_stride;
+  bool round;
+  DeviceBuffer dw, dx;
+  std::vector<float> want;  // [m][groups*out]
+
+  DenseProblem(gpu::DenseType t, int64_t in_, int64_t out_, int64_t groups_, int64_t m_, int64_t x_pad, bool round_)
+      : wt(t), in(in_), out(out_), groups(groups_), m(m_), x_stride(groups_ * in_ + x_pad), y_stride(groups_ * out_ + 3),
+        round(round_) {
+    const bool bf = wt == gpu::DenseType::BF16;
+    what = std::string(bf ? "linbf16 " : "linf32 ") + std::to_string(groups) + "x" + std::to_string(out) + "x" +
+           std::to_string(in) + " m=" + std::to_string(m) + (x_pad ? " strided" : "") + (round ? " rounded" : "");
+    Rng rng(static_cast<uint64_t>(in * 13 + out * 5 + groups * 3 + m));
+    const float sd = 1.0f / std::sqrt(static_cast<float>(in));
+    // fp32 weights of full precision (the compressor's), bf16 ones rounded
+    const std::vector<float> wv = bf ? rng.bf16_vec(static_cast<size_t>(groups * out * in), sd)
+                                     : rng.f32_vec(static_cast<size_t>(groups * out * in), sd);
+    // fp32 activations (the compressor's input is the fp32 normed hidden state)
+    const std::vector<float> x = rng.f32_vec(static_cast<size_t>(m * x_stride));
+    want.resize(static_cast<size_t>(m * groups * out));
+    for (int64_t g = 0; g < groups; ++g) {
+      auto lin = model::make_dense_linear(std::vector<float>(wv.begin() + g * out * in, wv.begin() + (g + 1) * out * in), in, out);
+      std::vector<float> xg(static_cast<size_t>(m * in)), yg(static_cast<size_t>(m * out));
+      for (int64_t r = 0; r < m; ++r) std::copy_n(&x[r * x_stride + g * in], in, &xg[r * in]);
+      if (round) model::linear_bf16(*lin, xg.data(), m, yg.data());
+      else lin->forward(xg.data(), m, yg.data());
+      for (int64_t r = 0; r < m; ++r) std::copy_n(&yg[r * out], out, &want[r * groups * out + g * out]);
+    }
+    dw = bf ? DeviceBuffer::from(to_bf16_bits(wv)) : DeviceBuffer::from(wv);
+    dx = DeviceBuffer::from(x);
+  }
+
+  gpu::DenseArgs args(float* y) const {
+    gpu::DenseArgs a;
+    a.w = dw.get();
+    a.wt = wt;
+    a.in = in;
+    a.out = out;
+    a.groups = groups;
+    a.x = dx.as<float>();
+    a.x_stride = x_stride;
+    a.m = m;
+    a.y = y;
+    a.y_stride = y_stride;
+    a.round_bf16 = round;
+    return a;
+  }
+
+  // One lin_dense call (under whatever force is in scope), compared bit for bit with the CPU; the
+  // stride gaps and the guard zones must stay untouched. `expect_stream` (when given): whether the
+  // call must take the streaming kernel.
+  void check(const std::string& tag, std::optional<bool> expect_stream) const {
+    const std::string w = what + " " + tag;
+    SCOPED_TRACE(w);
+    Guarded dy(static_cast<size_t>(m * y_stride) * 4);
+    const gpu::DenseArgs a = args(dy.as<float>());
+    if (expect_stream) EXPECT_EQ(raw::dense_stream_takes(a), *expect_stream) << w;
+    gpu::lin_dense(a, nullptr);
+    sync_ok();
+    expect_equal(w, strided_rows(w, dy, m, y_stride, groups * out), want);
+    expect_guards(w, dy);
+  }
+};
+
+// The decode shapes of the real model (and the tiny fixture's) on the automatic choice (the index
+// keys and weights_proj must take the streaming kernel, the real wo_a keeps the tiled kernel: it
+// does not fit one wave; the compressor takes it where one wave holds it, 132 SMs at every m <= 4);
+// m = 7 with the kernel forced on (lin_dense leaves m > 4 to its other kernels), on a plan of 2 rows
+// per tile and 3 stages, so that CTAs walk several tiles and both activation row tiles.
+TEST(DenseStream, DecodeShapesMatchCpu) {
+  for (const Shapes& s : shape_sets()) {
+    const ModelConfig& c = s.cfg;
+    const bool real = s.name == "real";
+    const int64_t in_g = c.num_attention_heads * c.head_dim / c.o_groups;
+    for (int64_t m : {1, 2, 3, 4, 7}) {
+      const std::vector<std::optional<bool>> expect = {std::nullopt, std::nullopt, true, true,
+                                                       real ? std::optional<bool>(false) : std::nullopt};
+      const std::vector<std::shared_ptr<DenseProblem>> ps = {
+          // compressor wkv / wgate (ratio > 1: fp32 weights, fp32 outputs)
+          std::make_shared<DenseProblem>(gpu::DenseType::F32, c.hidden_size, c.head_dim, 1, m, 0, false),
+          // compressor wkv (ratio 1: bf16 weights, rounded)
+          std::make_shared<DenseProblem>(gpu::DenseType::BF16, c.hidden_size, c.head_dim, 1, m, 0, true),
+          // index keys
+          std::make_shared<DenseProblem>(gpu::DenseType::BF16, c.head_dim, c.index_head_dim, 1, m, 0, true),
+          // indexer weights_proj
+          std::make_shared<DenseProblem>(gpu::DenseType::BF16, c.hidden_size, c.index_n_heads, 1, m, 0, true),
+          // grouped wo_a
+          std::make_shared<DenseProblem>(gpu::DenseType::BF16, in_g, c.o_lora_rank, c.o_groups, m, 0, true),
+      };
+      for (size_t i = 0; i < ps.size(); ++i) {
+        if (m <= raw::kDenseStreamMaxRows) {
+          ps[i]->check(s.name + " automatic", expect[i]);
+        } else {
+          ps[i]->check(s.name + " automatic", false);
+          StreamForce on(2, 2, 3, 0);
+          ps[i]->check(s.name + " forced on", true);
+        }
+      }
+    }
+  }
+}
+
+// A call of many output rows (the head's form): automatically the older kernels take it (more tiles
+// than one wave); forced to 4 rows per tile and 2 stages, CTAs walk several tiles with a tile in
+// flight.
+TEST(DenseStream, ManyRowsStreamMatchesCpu) {
+  for (int64_t m : {1, 2, 4}) {
+    DenseProblem p(gpu::DenseType::BF16, 5120, 4100, 1, m, 0, false);
+    p.check("automatic", std::nullopt);
+    StreamForce force(2, 4, 2, 0);
+    raw::DenseStreamPlan plan;
+    Guarded dy(4);
+    ASSERT_TRUE(raw::dense_stream_plan(p.args(dy.as<float>()), &plan));
+    EXPECT_GT(plan.tiles, plan.ctas) << "CTAs should walk several tiles";
+    EXPECT_EQ(plan.stages, 2);
+    p.check("4 rows per tile, 2 stages", true);
+  }
+}
+
+// Every plan gives the same bits (the CPU's): rows per tile 1..32, 1..4 stages, CTAs per SM capped
+// (so that CTAs walk several tiles, across group and activation-row-tile boundaries), on shapes
+// with a partial last 256-block, odd output counts, groups, strided activations.
+TEST(DenseStream, EveryPlanMatchesCpu) {
+  struct Force {
+    int rows, stages, cps;
+  };
+  const Force forces[] = {{1, 1, 0}, {2, 2, 0}, {4, 3, 1}, {8, 4, 1}, {16, 2, 0}, {32, 1, 0}, {4, 2, 2}, {1, 4, 1}};
+  for (int64_t m : {1, 3, 4, 7}) {
+    const std::vector<std::shared_ptr<DenseProblem>> ps = {
+        std::make_shared<DenseProblem>(gpu::DenseType::BF16, 1032, 300, 2, m, 4, true),
+        std::make_shared<DenseProblem>(gpu::DenseType::F32, 520, 97, 3, m, 8, false),
+        std::make_shared<DenseProblem>(gpu::DenseType::BF16, 264, 16, 1, m, 0, false),
+        std::make_shared<DenseProblem>(gpu::DenseType::F32, 5120, 40, 1, m, 0, true),
+    };
+    for (const auto& p : ps) {
+      int streamed = 0;
+      for (const Force& f : forces) {
+        StreamForce force(2, f.rows, f.stages, f.cps);
+        const std::string tag = "r" + std::to_string(f.rows) + "s" + std::to_string(f.stages) + "c" + std::to_string(f.cps);
+        Guarded dy(4);
+        raw::DenseStreamPlan plan;
+        // a forced plan whose shared memory does not fit leaves the call to the other kernels
+        const bool fits = raw::dense_stream_plan(p->args(dy.as<float>()), &plan);
+        if (fits) {
+          EXPECT_EQ(plan.rows_per_tile, f.rows) << p->what;
+          EXPECT_EQ(plan.stages, f.stages) << p->what;
+          ++streamed;
+        }
+        p->check(tag, fits);
+      }
+      EXPECT_GE(streamed, 3) << p->what;
+    }
+  }
+}
+
+// Calls the kernel cannot take (rows not a multiple of 16 bytes, misaligned activations) go to the
+// other kernels; the mode switch turns it off and on.
+TEST(DenseStream, Declines) {
+  DenseProblem odd(gpu::DenseType::BF16, 300, 37, 1, 1, 0, true);  // 600-byte rows
+  odd.check("unaligned rows", false);
+  DenseProblem p(gpu::DenseType::F32, 512, 64, 1, 2, 4, false);
+  Guarded dy(static_cast<size_t>(p.m * p.y_stride) * 4);
+  gpu::DenseArgs a = p.args(dy.as<float>());
+  a.x += 1;  // 4-byte aligned activations only
+  EXPECT_FALSE(raw::dense_stream_plan(a, nullptr));
+  a.x -= 1;
+  a.x_stride += 1;
+  EXPECT_FALSE(raw::dense_stream_plan(a, nullptr));
+  {
+    StreamForce off(1, 0, 0, 0);
+    p.check("off", false);
+  }
+  p.check("automatic", true);
+}
+
+}  // namespace
+}  // namespace dsv41::test

@@ -1,0 +1,371 @@
+// The tensor-core Lin8 GEMM (kernels/ops/lin8_tc_gemm.cu), taken by calls without exact_block_sums
+// from kLin8TcMinRows rows. Its contract (ops/tc_block.cuh): (1) bit-identical to the CPU reference
+// Lin8 when every block's exact sum needs at most 24 bits; (2) on full-range codes within a bound
+// derived from the summation error of the two ways of adding a block; (3) one output's bits do not
+// depend on the row count, the CTA tile, the token tile a row lands in or the other parts of a
+// group; (4) calls with exact_block_sums keep the sequential kernels, bit-identical to the CPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "dsv41/loader/checkpoint.h"
+#include "dsv41/loader/safetensors.h"
+#include "harness.h"
+#include "linear_inputs.h"
+#include "model/linears.h"
+#include "ops/lin8_tc_gemm.h"
+#include "ops/lin_gemm.h"
+
+namespace dsv41::test {
+namespace {
+
+namespace gpu = ops::gpu;
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+// Sets the tensor-core GEMM's row threshold and tile while in scope.
+class TcSettings {
+ public:
+  TcSettings(int64_t min_rows, int tile)
+      : rows_(gpu::raw::set_lin8_tc_min_rows(min_rows)), tile_(gpu::raw::set_lin8_tc_tile(tile)) {}
+  ~TcSettings() {
+    gpu::raw::set_lin8_tc_min_rows(rows_);
+    gpu::raw::set_lin8_tc_tile(tile_);
+  }
+  TcSettings(const TcSettings&) = delete;
+  TcSettings& operator=(const TcSettings&) = delete;
+
+ private:
+  int64_t rows_;
+  int tile_;
+};
+
+// One Lin8 weight: host codes and scales, device copies, and the CPU reference's linear over them.
+struct Weight {
+  int64_t in, out;
+  std::vector<uint8_t> codes, scales;
+  DeviceBuffer dcodes, dscales;
+  std::unique_ptr<TempCheckpoint> ck;
+  std::unique_ptr<Linear> lin;
+  Weight(int64_t in_, int64_t out_, std::vector<uint8_t> c, std::vector<uint8_t> s)
+      : in(in_), out(out_), codes(std::move(c)), scales(std::move(s)) {
+    SafetensorsWriter w;
+    w.add("w.weight", DType::F8_E4M3, {out, in}, codes);
+    w.add("w.scale", DType::F8_E8M0, {(out + 31) / 32, in / 32}, scales);
+    ck = std::make_unique<TempCheckpoint>(w);
+    lin = model::load_linear(*ck->ck, "w", in, out);
+    dcodes = DeviceBuffer::from(codes);
+    dscales = DeviceBuffer::from(scales);
+  }
+};
+
+// Inputs whose every block sum fits in 24 bits: weight codes of exponents 2^-2 .. 2^1 (multiples of
+// 2^-5 up to 3.75) or zero, activations of magnitude 1 .. 4 (ActQuant8 scales them to codes that
+// are multiples of 8 below 256). Each product is a multiple of 2^-2 below 2^10, so every partial sum
+// of a block, in any order, is exact in fp32: the tensor core's and the CPU's block sums agree.
+std::vector<uint8_t> few_exponent_codes(Rng& rng, size_t n) {
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) {
+    const uint32_t r = static_cast<uint32_t>(rng.g());
+    b = (r & 15) == 0 ? uint8_t{0} : static_cast<uint8_t>(((r >> 4) & 0x80) | ((5 + ((r >> 8) & 3)) << 3) | ((r >> 12) & 7));
+  }
+  return v;
+}
+std::vector<float> narrow_range_x(Rng& rng, size_t n) {
+  std::vector<float> v(n);
+  for (float& x : v) x = bf16_round((rng.g() & 1 ? -1.0f : 1.0f) * rng.uniform(1.0f, 4.0f));
+  return v;
+}
+
+std::unique_ptr<Weight> make_weight(Rng& rng, int64_t in, int64_t out, bool few_exponents) {
+  const size_t n = static_cast<size_t>(in * out);
+  return std::make_unique<Weight>(in, out, few_exponents ? few_exponent_codes(rng, n) : rng.e4m3_bytes(n),
+                                  rng.e8m0_bytes(static_cast<size_t>(((out + 31) / 32) * (in / 32))));
+}
+
+// Runs lin8_group (or one lin8 per part when solo) over rows [r0, r0 + m) of the quantised input;
+// returns each part's [m][out] outputs (written into guarded, strided buffers that are checked).
+// The group's arguments over rows [r0, r0 + m) of the quantised input (outputs not set).
+gpu::Lin8GroupArgs group_args(const std::vector<const Weight*>& parts, const QuantAct& qa, int64_t r0, int64_t m,
+                              bool round_bf16, bool exact) {
+  const int64_t in = parts[0]->in, nb = in / 32;
+  gpu::Lin8GroupArgs g;
+  g.count = static_cast<int>(parts.size());
+  for (size_t p = 0; p < parts.size(); ++p) {
+    gpu::Lin8Args& a = g.lin[p];
+    a.w = {parts[p]->dcodes.as<uint8_t>(), parts[p]->dscales.as<uint8_t>(), in, parts[p]->out};
+    a.x_codes = qa.codes.as<uint8_t>() + r0 * in;
+    a.x_scales = qa.scales.as<float>() + r0 * nb;
+    a.m = m;
+    a.round_bf16 = round_bf16;
+    a.exact_block_sums = exact;
+  }
+  return g;
+}
+
+std::vector<std::vector<float>> run(const std::string& what, const std::vector<const Weight*>& parts, const QuantAct& qa,
+                                    int64_t r0, int64_t m, bool round_bf16, bool exact, bool solo = false) {
+  gpu::Lin8GroupArgs g = group_args(parts, qa, r0, m, round_bf16, exact);
+  std::vector<std::unique_ptr<Guarded>> ys;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const int64_t stride = parts[p]->out + 1 + static_cast<int64_t>(p);  // gaps that must stay untouched
+    ys.push_back(std::make_unique<Guarded>(static_cast<size_t>(m * stride) * 4));
+    g.lin[p].y = ys[p]->as<float>();
+    g.lin[p].y_stride = stride;
+  }
+  if (solo)
+    for (int p = 0; p < g.count; ++p) gpu::lin8(g.lin[p], nullptr);
+  else gpu::lin8_group(g, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  std::vector<std::vector<float>> out;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    out.push_back(strided_rows(what, *ys[p], m, g.lin[p].y_stride, parts[p]->out));
+    expect_guards(what, *ys[p]);
+  }
+  return out;
+}
+
+// Rows compared with the CPU: all when the product is small, else a spread over the row tiles.
+std::vector<int64_t> checked_rows(int64_t m, int64_t macs_per_row) {
+  std::vector<int64_t> r;
+  if (m * macs_per_row <= (int64_t{1} << 27)) {
+    for (int64_t i = 0; i < m; ++i) r.push_back(i);
+    return r;
+  }
+  for (int64_t i : {int64_t{0}, int64_t{7}, int64_t{63}, int64_t{64}, int64_t{130}, m / 2 + 3, m - 1})
+    if (i < m && (r.empty() || r.back() < i)) r.push_back(i);
+  return r;
+}
+
+// The CPU reference's outputs of `rows` of x.
+std::vector<float> cpu_rows(const Weight& w, const std::vector<float>& x, const std::vector<int64_t>& rows, bool round_bf16) {
+  std::vector<float> xs(rows.size() * w.in), y(rows.size() * w.out);
+  for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&x[rows[i] * w.in], w.in, &xs[i * w.in]);
+  if (round_bf16) model::linear_bf16(*w.lin, xs.data(), static_cast<int64_t>(rows.size()), y.data());
+  else w.lin->forward(xs.data(), static_cast<int64_t>(rows.size()), y.data());
+  return y;
+}
+std::vector<float> pick_rows(const std::vector<float>& y, int64_t out, const std::vector<int64_t>& rows) {
+  std::vector<float> v(rows.size() * out);
+  for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&y[rows[i] * out], out, &v[i * out]);
+  return v;
+}
+
+std::string describe(const std::string& tag, int64_t in, const std::vector<int64_t>& outs, int64_t m) {
+  std::string s = tag + " in=" + std::to_string(in) + " outs=";
+  for (int64_t o : outs) s += std::to_string(o) + ",";
+  return s + " m=" + std::to_string(m);
+}
+
+// (1) block sums that fit in 24 bits: bit-identical to the CPU reference, every tile.
+void exact_case(const std::string& tag, int64_t in, const std::vector<int64_t>& outs, int64_t m, bool round_bf16) {
+  const std::string what = describe(tag, in, outs, m) + (round_bf16 ? " bf16" : " f32");
+  SCOPED_TRACE(what);
+  Rng rng(static_cast<uint64_t>(in * 13 + m * 5 + outs[0] * 3 + static_cast<int64_t>(outs.size())));
+  std::vector<std::unique_ptr<Weight>> ws;
+  std::vector<const Weight*> parts;
+  int64_t sum_out = 0;
+  for (int64_t o : outs) {
+    ws.push_back(make_weight(rng, in, o, true));
+    parts.push_back(ws.back().get());
+    sum_out += o;
+  }
+  const std::vector<float> x = narrow_range_x(rng, static_cast<size_t>(m * in));
+  QuantAct qa(x, m, in);
+  const std::vector<int64_t> rows = checked_rows(m, in * sum_out);
+  std::vector<std::vector<float>> want;
+  for (const Weight* w : parts) want.push_back(cpu_rows(*w, x, rows, round_bf16));
+  for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
+    TcSettings tc(1, tile);
+    const std::string wt = what + " tile " + std::to_string(tile);
+    const auto got = run(wt, parts, qa, 0, m, round_bf16, false);
+    for (size_t p = 0; p < parts.size(); ++p)
+      expect_equal(wt + " part " + std::to_string(p) + " vs cpu", pick_rows(got[p], outs[p], rows), want[p]);
+  }
+}
+
+TEST(GpuLin8TcGemm, BitExactWhenBlockSumsFit) {
+  for (int64_t m : {1, 17, 64, 129, 300}) {
+    exact_case("ragged", 96, {70, 9}, m, true);  // K of 3 blocks: one partial stage
+    exact_case("ragged", 512, {37, 300, 5}, m, false);
+    exact_case("ragged", 1280, {544, 1, 100}, m, m % 2 == 0);
+    exact_case("ragged", 5120, {96, 33}, m, true);
+  }
+  const ModelConfig& c = shape_sets()[0].cfg;
+  exact_case("real wq_a+wkv", c.hidden_size, {c.q_lora_rank, c.head_dim}, 300, true);
+  exact_case("real wo_b", c.o_groups * c.o_lora_rank, {c.hidden_size}, 200, true);
+}
+
+// (2) full-range codes: every output within the bound of the two summations. Per block, the CPU's
+// sequential chain of 32 fp32 additions is off the exact sum by at most 31 * 2^-24 * sum|products|,
+// the tensor core's by a few roundings of that size; 2^-18 * sum|products| covers both. Scaled by
+// x_scale * w_scale and summed over the blocks that gives A * 2^-18, A = sum over blocks of
+// x_scale * w_scale * sum|products|; each side's nb fold roundings add at most nb * 2^-24 * A. bf16
+// outputs may further differ by one bf16 unit (2^-7 relative) through the two roundings.
+void bound_case(const std::string& tag, int64_t in, const std::vector<int64_t>& outs, int64_t m, bool round_bf16, int tile) {
+  const std::string what = describe(tag, in, outs, m) + (round_bf16 ? " bf16" : " f32") + " tile " + std::to_string(tile);
+  SCOPED_TRACE(what);
+  Rng rng(static_cast<uint64_t>(in * 17 + m * 3 + outs[0] + tile));
+  std::vector<std::unique_ptr<Weight>> ws;
+  std::vector<const Weight*> parts;
+  int64_t sum_out = 0;
+  for (int64_t o : outs) {
+    ws.push_back(make_weight(rng, in, o, false));
+    parts.push_back(ws.back().get());
+    sum_out += o;
+  }
+  const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
+  QuantAct qa(x, m, in);
+  const int64_t nb = in / 32;
+  const std::vector<uint8_t> xc = qa.codes.to_host<uint8_t>(static_cast<size_t>(m * in));
+  const std::vector<float> xsc = qa.scales.to_host<float>(static_cast<size_t>(m * nb));
+  TcSettings tc(1, tile);
+  const auto got = run(what, parts, qa, 0, m, round_bf16, false);
+  const std::vector<int64_t> rows = checked_rows(m, in * sum_out);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const Weight& w = *parts[p];
+    const std::vector<float> want = cpu_rows(w, x, rows, round_bf16);
+    size_t bad = 0, equal = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int64_t r = rows[i];
+      for (int64_t o = 0; o < w.out; ++o) {
+        double a = 0.0;
+        for (int64_t b = 0; b < nb; ++b) {
+          double s = 0.0;
+          for (int64_t k = b * 32; k < b * 32 + 32; ++k)
+            s += std::fabs(double(e4m3_to_f32(xc[r * in + k])) * e4m3_to_f32(w.codes[o * in + k]));
+          a += s * xsc[r * nb + b] * e8m0_to_f32(w.scales[(o / 32) * nb + b]);
+        }
+        const float g = got[p][r * w.out + o], c = want[i * w.out + o];
+        double bound = a * (std::ldexp(1.0, -18) + 2.0 * double(nb) * std::ldexp(1.0, -24));
+        if (round_bf16) bound += std::ldexp(1.0, -7) * std::max(std::fabs(double(g)), std::fabs(double(c)));
+        const double err = std::fabs(double(g) - c);
+        if (!(err <= bound)) ++bad;
+        equal += g == c;
+        if (bound > 0) worst = std::max(worst, err / bound);
+      }
+    }
+    std::printf("  [bound]  %-60s part %zu: %zu/%zu equal to the cpu, worst error %.3f of the bound\n", what.c_str(), p,
+                equal, rows.size() * w.out, worst);
+    EXPECT_EQ(bad, 0u) << what << " part " << p << ": outputs outside the bound";
+  }
+}
+
+TEST(GpuLin8TcGemm, FullRangeWithinBound) {
+  for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
+    bound_case("ragged", 96, {70, 9}, 129, false, tile);
+    bound_case("ragged", 1280, {544, 1, 100}, 300, true, tile);
+    bound_case("ragged", 5120, {96, 33}, 64, false, tile);
+  }
+  const ModelConfig& c = shape_sets()[0].cfg;
+  bound_case("real wq_b", c.q_lora_rank, {c.num_attention_heads * c.head_dim}, 256, true, 0);
+  bound_case("real shared w2", c.moe_intermediate_size, {c.hidden_size}, 300, false, 0);
+}
+
+// (3) full-range codes: one row's outputs are the same bits from a group of m rows on the first
+// tile, every other tile, separate calls per part, calls of 64 rows starting at a row inside a token
+// tile, and single-row calls.
+void invariance_case(const std::string& tag, int64_t in, const std::vector<int64_t>& outs, int64_t m) {
+  const std::string what = describe(tag, in, outs, m);
+  SCOPED_TRACE(what);
+  Rng rng(static_cast<uint64_t>(in * 19 + m + outs[0] * 5));
+  std::vector<std::unique_ptr<Weight>> ws;
+  std::vector<const Weight*> parts;
+  for (int64_t o : outs) {
+    ws.push_back(make_weight(rng, in, o, false));
+    parts.push_back(ws.back().get());
+  }
+  const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
+  QuantAct qa(x, m, in);
+  std::vector<std::vector<float>> ref;
+  const int64_t sub = std::min<int64_t>(64, m - 37);  // a call over rows 37 .. 37 + sub - 1
+  {
+    TcSettings tc(1, 1);
+    ref = run(what + " tile 1", parts, qa, 0, m, false, false);
+  }
+  auto same_rows = [&](const std::string& label, const std::vector<std::vector<float>>& got, int64_t r0, int64_t n) {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const int64_t o = parts[p]->out;
+      const std::vector<float> want(ref[p].begin() + r0 * o, ref[p].begin() + (r0 + n) * o);
+      expect_equal(what + " " + label + " part " + std::to_string(p), got[p], want);
+    }
+  };
+  for (int tile = 2; tile <= gpu::raw::kLin8TcTiles; ++tile) {
+    TcSettings tc(1, tile);
+    const std::string t = " tile " + std::to_string(tile);
+    same_rows("all rows" + t, run(what, parts, qa, 0, m, false, false), 0, m);
+    same_rows("rows from 37" + t, run(what, parts, qa, 37, sub, false, false), 37, sub);
+  }
+  {
+    TcSettings tc(1, 1);
+    same_rows("solo calls", run(what, parts, qa, 0, m, false, false, true), 0, m);
+    same_rows("rows from 37", run(what, parts, qa, 37, sub, false, false), 37, sub);
+    for (int64_t r : {int64_t{0}, int64_t{5}, m - 1}) same_rows("row " + std::to_string(r), run(what, parts, qa, r, 1, false, false), r, 1);
+  }
+  {
+    TcSettings tc(1, 0);  // the automatic tile
+    same_rows("automatic tile", run(what, parts, qa, 0, m, false, false), 0, m);
+  }
+}
+
+TEST(GpuLin8TcGemm, BatchTileAndGroupInvariant) {
+  invariance_case("ragged", 1280, {544, 1, 100}, 300);
+  invariance_case("ragged", 96, {70, 9}, 130);
+  const ModelConfig& c = shape_sets()[0].cfg;
+  invariance_case("real shared w1+w3", c.hidden_size, {c.moe_intermediate_size, c.moe_intermediate_size}, 160);
+}
+
+// (4) exact_block_sums keeps the sequential kernels (bit-identical to the CPU on full-range codes),
+// while the same call without it takes the tensor-core GEMM from the row threshold on (which then
+// differs from the sequential sums somewhere on such codes); a huge threshold turns it off.
+TEST(GpuLin8TcGemm, ExactBlockSumsAndDispatch) {
+  TcSettings defaults(gpu::raw::kLin8TcMinRows, 0);
+  const ModelConfig& c = shape_sets()[0].cfg;
+  const int64_t in = c.hidden_size, m = 256;
+  Rng rng(77);
+  const auto w = make_weight(rng, in, c.q_lora_rank, false);
+  const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
+  QuantAct qa(x, m, in);
+  const std::vector<int64_t> rows = checked_rows(m, in * w->out);
+  const auto exact = run("exact", {w.get()}, qa, 0, m, false, true);
+  expect_equal("exact_block_sums vs cpu", pick_rows(exact[0], w->out, rows), cpu_rows(*w, x, rows, false));
+  const auto tc = run("tensor core", {w.get()}, qa, 0, m, false, false);
+  size_t differ = 0;
+  for (size_t i = 0; i < tc[0].size(); ++i) differ += tc[0][i] != exact[0][i];
+  std::printf("  [dispatch] %zu of %zu outputs differ between the tensor-core and the sequential sums\n", differ, tc[0].size());
+  EXPECT_GT(differ, 0u) << "the call without exact_block_sums did not take the tensor-core GEMM";
+  {
+    TcSettings off(kNever, 0);
+    expect_equal("threshold off vs exact", run("off", {w.get()}, qa, 0, m, false, false)[0], exact[0]);
+  }
+  // below the threshold the call keeps the sequential kernels
+  const int64_t below = gpu::raw::kLin8TcMinRows - 1;
+  if (below >= 1) {
+    const auto small = run("below threshold", {w.get()}, qa, 0, below, false, false);
+    const std::vector<float> want(exact[0].begin(), exact[0].begin() + below * w->out);
+    expect_equal("below threshold vs exact", small[0], want);
+  }
+  gpu::Lin8GroupArgs g;
+  g.count = 1;
+  g.lin[0].w = {w->dcodes.as<uint8_t>(), w->dscales.as<uint8_t>(), in, 32};
+  g.lin[0].x_codes = qa.codes.as<uint8_t>();
+  g.lin[0].x_scales = qa.scales.as<float>();
+  g.lin[0].m = gpu::raw::kLin8TcMinRows;
+  EXPECT_TRUE(gpu::raw::lin8_tc_gemm_supported(g));
+  {
+    TcSettings forced(gpu::raw::kLin8TcMinRows, 2);  // a forced tile takes every eligible call
+    EXPECT_TRUE(gpu::raw::lin8_gemm_takes(g));
+    g.lin[0].exact_block_sums = true;  // ...but never one that asks for the sequential sums
+    const int64_t prev = gpu::raw::set_lin8_gemm_min_rows(kNever);
+    EXPECT_FALSE(gpu::raw::lin8_gemm_takes(g));
+    gpu::raw::set_lin8_gemm_min_rows(prev);
+    g.lin[0].exact_block_sums = false;
+  }
+  g.lin[0].x_codes = qa.codes.as<uint8_t>() + 8;  // unaligned codes cannot take it
+  EXPECT_FALSE(gpu::raw::lin8_tc_gemm_supported(g));
+}
+
+}  // namespace
+}  // namespace dsv41::test

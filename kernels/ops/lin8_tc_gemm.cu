@@ -28,6 +28,7 @@
 
 #include "ops/lin8_tc_gemm.h"
 #include "ops/lin_gemm.h"
+#include "ops/lin8_gemm_parts.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/pdl.cuh"
 #include "ops/tc_block.cuh"
@@ -41,37 +42,7 @@ constexpr int kStageBlocks = kBK / 32;     // scale blocks per stage
 constexpr int kRowStride = kBK + 32;       // staged row pitch in bytes (bank-conflict padding)
 constexpr int kMaxWsBytes = 16 * 1024;     // weight scales a CTA keeps (BM/32 rows x in/32 blocks)
 
-struct TcArgs {
-  int n_parts = 1;
-  const uint8_t* w[kMaxParts] = {};   // codes [out][in]
-  const uint8_t* ws[kMaxParts] = {};  // E8M0 [ceil(out/32)][in/32]
-  int64_t out[kMaxParts] = {};
-  float* y[kMaxParts] = {};
-  int64_t y_stride[kMaxParts] = {};
-  int64_t col0[kMaxParts] = {};  // first weight-row tile of each part
-  int64_t in = 0;
-  const uint8_t* x_codes = nullptr;  // [rows][in]
-  const float* x_scales = nullptr;   // [rows][in/32]
-  int64_t rows = 0;
-  bool round_bf16 = true;
-};
-
-struct PartView {
-  const uint8_t* w;
-  const uint8_t* ws;
-  int64_t out;
-  float* y;
-  int64_t y_stride;
-  int64_t col;  // weight-row tile within the part
-};
-// Static indices keep the argument arrays in the parameter space.
-__device__ __forceinline__ PartView part_of(const TcArgs& a, int64_t col) {
-  PartView v{a.w[0], a.ws[0], a.out[0], a.y[0], a.y_stride[0], col};
-#pragma unroll
-  for (int p = 1; p < kMaxParts; ++p)
-    if (p < a.n_parts && col >= a.col0[p]) v = {a.w[p], a.ws[p], a.out[p], a.y[p], a.y_stride[p], col - a.col0[p]};
-  return v;
-}
+using TcArgs = Lin8GemmParts;
 
 // WM x WN warps of MT x NT MMA tiles, S stages, MinBlocks CTAs per SM (__launch_bounds__).
 template <int WM, int WN, int MT, int NT, int S, int MinBlocks>
@@ -115,7 +86,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
   const int warp_m = warp / T::kWN, warp_n = warp % T::kWN;
-  const PartView pv = part_of(a, blockIdx.y);
+  const Lin8PartView pv = lin8_part_of(a, blockIdx.y);
   const int64_t f0 = pv.col * kBM, m0 = static_cast<int64_t>(blockIdx.x) * kBN;
   const int64_t in = a.in, nb = in / 32, out = pv.out, rows = a.rows;
   const int n_steps = static_cast<int>((nb + kStageBlocks - 1) / kStageBlocks);

@@ -33,6 +33,7 @@
 #include "ops/env_setting.h"
 #include "ops/lin8_tc_gemm.h"
 #include "ops/lin_gemm.h"
+#include "ops/lin8_gemm_parts.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/pdl.cuh"
 
@@ -43,37 +44,7 @@ constexpr int kMaxParts = kLinGroupMax;
 constexpr int kTM = 8, kTN = 8;  // outputs per thread: rows x outputs
 constexpr int kKB = 32;          // K elements per block (one scale each)
 
-struct GemmArgs {
-  int n_parts = 1;
-  const uint8_t* w[kMaxParts] = {};   // codes [out][in]
-  const uint8_t* ws[kMaxParts] = {};  // E8M0 [ceil(out/32)][in/32]
-  int64_t out[kMaxParts] = {};
-  float* y[kMaxParts] = {};
-  int64_t y_stride[kMaxParts] = {};
-  int64_t col0[kMaxParts] = {};  // first CTA column of each part
-  int64_t in = 0;
-  const uint8_t* x_codes = nullptr;  // [rows][in]
-  const float* x_scales = nullptr;   // [rows][in/32]
-  int64_t rows = 0;
-  bool round_bf16 = true;
-};
-
-struct PartView {
-  const uint8_t* w;
-  const uint8_t* ws;
-  int64_t out;
-  float* y;
-  int64_t y_stride;
-  int64_t col;  // CTA column within the part
-};
-// Static indices keep the argument arrays in the parameter space.
-__device__ __forceinline__ PartView part_of(const GemmArgs& a, int64_t col) {
-  PartView v{a.w[0], a.ws[0], a.out[0], a.y[0], a.y_stride[0], col};
-#pragma unroll
-  for (int p = 1; p < kMaxParts; ++p)
-    if (p < a.n_parts && col >= a.col0[p]) v = {a.w[p], a.ws[p], a.out[p], a.y[p], a.y_stride[p], col - a.col0[p]};
-  return v;
-}
+using GemmArgs = Lin8GemmParts;
 
 // Sixteen e4m3 codes (one 16-byte chunk of a K row) as exact floats down one shared-memory column.
 __device__ __forceinline__ void put16(const uint4& v, float* col, int stride) {
@@ -165,7 +136,7 @@ __global__ void __launch_bounds__(BM * BN / (kTM * kTN), 1) lin8_gemm_kernel(Gem
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int tx = (warp % kWX) * 8 + (lane & 7);   // output quad: outputs 4tx.. and BN/2 + 4tx..
   const int ty = (warp / kWX) * 4 + (lane >> 3);  // row quad: rows 4ty.. and BM/2 + 4ty..
-  const PartView pv = part_of(a, blockIdx.x);
+  const Lin8PartView pv = lin8_part_of(a, blockIdx.x);
   const int64_t n0 = pv.col * BN, m0 = static_cast<int64_t>(blockIdx.y) * BM;
   const int64_t in = a.in, nb = in / kKB;
   const int64_t out = pv.out, rows = a.rows;
@@ -291,7 +262,7 @@ __global__ void __launch_bounds__(SplitLayout<BM, BN, S>::kT, 1) lin8_gemm_split
   const int tid = threadIdx.x, g = tid / L::kG, ltid = tid % L::kG, lane = tid & 31, lwarp = ltid >> 5;
   const int tx = (lwarp % kWX) * 8 + (lane & 7);
   const int ty = (lwarp / kWX) * 4 + (lane >> 3);
-  const PartView pv = part_of(a, blockIdx.x);
+  const Lin8PartView pv = lin8_part_of(a, blockIdx.x);
   const int64_t n0 = pv.col * BN, m0 = static_cast<int64_t>(blockIdx.y) * BM;
   const int64_t in = a.in, nb = in / kKB;
   const int64_t out = pv.out, rows = a.rows;

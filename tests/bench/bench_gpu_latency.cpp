@@ -203,6 +203,19 @@ int main() {
         check_equal("rms_norm", dout.to_host<float>(want.size()), want);
       }
     }
+    // the CPU engine's mix rows of the m tokens (pre, post, comb per token)
+    auto cpu_mix_rows = [&] {
+      std::vector<float> want(static_cast<size_t>(m * n_mix));
+      for (int64_t t = 0; t < m; ++t) {
+        model::HcMix mx;
+        model::hc_mix(&h[t * k], hc, dim, fn.data(), base.data(), scale.data(), c.hc_sinkhorn_iters, c.hc_eps,
+                      c.rms_norm_eps, model::hc_mix_arithmetic(hc, t, m, 0), mx);
+        std::copy_n(mx.pre, hc, &want[t * n_mix]);
+        std::copy_n(mx.post, hc, &want[t * n_mix + hc]);
+        std::copy_n(mx.comb, hc * hc, &want[t * n_mix + 2 * hc]);
+      }
+      return want;
+    };
     // ---- hc_mix (decode arithmetic for m <= 4: parts of 256; the prefill pass as one call) ----
     {
       gpu::HcMixArgs a = gpu::hc_mix_args(c, dh.as<float>(), m,
@@ -210,15 +223,7 @@ int main() {
       a.rows_ref = m;
       report("hc_mix", m, [&](cudaStream_t st) { gpu::hc_mix(a, st); }, f4 * (m * k + n_mix * k + m * n_mix), 61.0);
       if (chk) {
-        std::vector<float> want(static_cast<size_t>(m * n_mix));
-        for (int64_t t = 0; t < m; ++t) {
-          model::HcMix mx;
-          model::hc_mix(&h[t * k], hc, dim, fn.data(), base.data(), scale.data(), c.hc_sinkhorn_iters, c.hc_eps,
-                        c.rms_norm_eps, model::hc_mix_arithmetic(hc, t, m, 0), mx);
-          std::copy_n(mx.pre, hc, &want[t * n_mix]);
-          std::copy_n(mx.post, hc, &want[t * n_mix + hc]);
-          std::copy_n(mx.comb, hc * hc, &want[t * n_mix + 2 * hc]);
-        }
+        const std::vector<float> want = cpu_mix_rows();
         check_equal("hc_mix", dmix.to_host<float>(want.size()), want);
       }
     }
@@ -231,15 +236,7 @@ int main() {
       a.counters = dctr.as<unsigned>();
       report("hc_mix ctr", m, [&](cudaStream_t st) { gpu::hc_mix(a, st); }, f4 * (m * k + n_mix * k + m * n_mix), 0.0);
       if (chk) {
-        std::vector<float> want(static_cast<size_t>(m * n_mix));
-        for (int64_t t = 0; t < m; ++t) {
-          model::HcMix mx;
-          model::hc_mix(&h[t * k], hc, dim, fn.data(), base.data(), scale.data(), c.hc_sinkhorn_iters, c.hc_eps,
-                        c.rms_norm_eps, model::hc_mix_arithmetic(hc, t, m, 0), mx);
-          std::copy_n(mx.pre, hc, &want[t * n_mix]);
-          std::copy_n(mx.post, hc, &want[t * n_mix + hc]);
-          std::copy_n(mx.comb, hc * hc, &want[t * n_mix + 2 * hc]);
-        }
+        const std::vector<float> want = cpu_mix_rows();
         check_equal("hc_mix ctr", dmix.to_host<float>(want.size()), want);
       }
       gpu::RmsNormArgs nq{dx.as<float>(), dim, dnw.as<float>(), dout.as<float>(), dim, m, dim, eps};

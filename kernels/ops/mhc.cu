@@ -256,8 +256,7 @@ template <class F>
 __device__ float torch_sum_cascade_ahead(F value, int64_t n, const float* scratch) {
   const dev::TorchSumShape s = dev::torch_sum_shape(n);
   const int lane = threadIdx.x & 31;
-  const int64_t mask = s.step - 1;
-  float acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
+  dev::TorchCascade c;
   constexpr int kBatch = 8;
   for (int64_t g0 = 0; g0 < s.groups; g0 += kBatch) {
     float v[kBatch];
@@ -265,23 +264,11 @@ __device__ float torch_sum_cascade_ahead(F value, int64_t n, const float* scratc
     for (int u = 0; u < kBatch; ++u) v[u] = g0 + u < s.groups ? scratch[(g0 + u) * 32 + lane] : 0.0f;
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const int64_t g = g0 + u;
-      if (g >= s.groups) break;
-      const int64_t i = (g + 1) * s.step;  // the chain position after step g
-      acc1 = __fadd_rn(acc1, v[u]);
-      if ((i & (mask << s.lp)) != 0) continue;
-      acc2 = __fadd_rn(acc2, acc1);
-      acc1 = 0.0f;
-      if ((i & (mask << (2 * s.lp))) != 0) continue;
-      acc3 = __fadd_rn(acc3, acc2);
-      acc2 = 0.0f;
+      if (g0 + u >= s.groups) break;
+      c.add(s, g0 + u, v[u]);
     }
   }
-  float acc0 = scratch[s.groups * 32 + lane];  // the tail's partial (zero when there is none)
-  acc0 = __fadd_rn(acc0, acc1);
-  acc0 = __fadd_rn(acc0, acc2);
-  acc0 = __fadd_rn(acc0, acc3);
-  return dev::torch_sum_finish(value, n, acc0);
+  return dev::torch_sum_finish(value, n, c.total(scratch[s.groups * 32 + lane]));
 }
 
 // Named barrier 1 among `count` warps of the block (each of them calls it).

@@ -253,28 +253,38 @@ __device__ void torch_sum_partials(F value, int64_t n, int w, int nw, float* scr
   }
 }
 
+// The cascade's three levels over the step partials, in torch's fold order: step g's partial joins
+// level 1, and a level passes its sum up (and restarts) when the chain position after the step is a
+// multiple of that level's span.
+struct TorchCascade {
+  float acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
+  __device__ __forceinline__ void add(const TorchSumShape& s, int64_t g, float partial) {
+    const int64_t mask = s.step - 1;
+    const int64_t i = (g + 1) * s.step;  // the chain position after step g
+    acc1 = __fadd_rn(acc1, partial);
+    if ((i & (mask << s.lp)) != 0) return;
+    acc2 = __fadd_rn(acc2, acc1);
+    acc1 = 0.0f;
+    if ((i & (mask << (2 * s.lp))) != 0) return;
+    acc3 = __fadd_rn(acc3, acc2);
+    acc2 = 0.0f;
+  }
+  // The tail's partial (zero when there is none) with the levels added from the lowest.
+  __device__ __forceinline__ float total(float tail) const {
+    float acc0 = __fadd_rn(tail, acc1);
+    acc0 = __fadd_rn(acc0, acc2);
+    return __fadd_rn(acc0, acc3);
+  }
+};
+
 // One warp, after the partials are visible: the cascade and the end. Every lane returns the total.
 template <class F>
 __device__ float torch_sum_cascade(F value, int64_t n, const float* scratch) {
   const TorchSumShape s = torch_sum_shape(n);
   const int lane = threadIdx.x & 31;
-  const int64_t mask = s.step - 1;
-  float acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
-  for (int64_t g = 0; g < s.groups; ++g) {
-    const int64_t i = (g + 1) * s.step;  // the chain position after step g
-    acc1 = __fadd_rn(acc1, scratch[g * 32 + lane]);
-    if ((i & (mask << s.lp)) != 0) continue;
-    acc2 = __fadd_rn(acc2, acc1);
-    acc1 = 0.0f;
-    if ((i & (mask << (2 * s.lp))) != 0) continue;
-    acc3 = __fadd_rn(acc3, acc2);
-    acc2 = 0.0f;
-  }
-  float acc0 = scratch[s.groups * 32 + lane];  // the tail's partial (zero when there is none)
-  acc0 = __fadd_rn(acc0, acc1);
-  acc0 = __fadd_rn(acc0, acc2);
-  acc0 = __fadd_rn(acc0, acc3);
-  return torch_sum_finish(value, n, acc0);
+  TorchCascade c;
+  for (int64_t g = 0; g < s.groups; ++g) c.add(s, g, scratch[g * 32 + lane]);
+  return torch_sum_finish(value, n, c.total(scratch[s.groups * 32 + lane]));
 }
 
 // torch_sum_f32 by the whole block (blockDim.x a multiple of 32): every thread calls it and gets

@@ -30,7 +30,6 @@
 // read 32 different pieces spread evenly over the eight 16-byte bank groups; activation piece j of
 // block kb sits at j ^ (kb & 7): a warp's lanes read at most a few distinct pieces (one per block
 // it covers), each in its own bank group.
-#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <atomic>

@@ -2,13 +2,13 @@
 // of calls that allow tensor-core block sums (Lin8Args::exact_block_sums == false).
 //
 // Arithmetic. Per (token, output) and 32-wide K block, the block's 32 exact code products are
-// summed in the tensor core by the one arrangement every tensor-core Lin8/Lin4 kernel uses
+// summed in the tensor core by the one arrangement every tensor-core block-scaled kernel uses
 // (tc::block_a_fp8 / tc::block_b / tc::block_dot, ops/tc_block.cuh); the block is folded into the
 // output's accumulator in increasing K-block order from zero as the CPU reference does (acc +=
 // (part * act_scale) * w_scale, as tc::fold_block); bf16 rounding at the end if asked. An output
 // therefore depends only on its own token's codes and scales and its own weight row: the tile, the
 // row count, the token tile it lands in and the other parts of a group change nothing. It equals the
-// CPU reference whenever each block's exact sum fits in 24 bits (ops/tc_block.cuh).
+// CPU reference whenever no block sum rounds in either order (ops/tc_block.cuh has the bound otherwise).
 //
 // Tiles. The MMA's M side is the weight rows (outputs), its N side the tokens. A CTA computes BM
 // weight rows x BN tokens with WM x WN warps, each warp MT 16-row m-tiles x NT 8-token n-tiles, and

@@ -28,7 +28,6 @@
 // the previous kernel before touching global memory.
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <atomic>
 
 #include "ops/dense_gemm.h"

@@ -19,6 +19,8 @@
 // place of three), whose pairs and blocks lie within a warp's 32 outputs.
 #include <cooperative_groups.h>
 
+#include <atomic>
+
 #include "ops/act_quant.cuh"
 #include "ops/collapse_norm.h"
 #include "ops/ops_common.cuh"
@@ -277,6 +279,8 @@ __global__ void __launch_bounds__(kClusterThreads) rms_norm_cluster_kernel(RmsNo
       out[i] = v;
       if (a.bf16_out) a.bf16_out[row * a.bf16_stride + i] = dev::f32_to_bf16_bits(v);
     }
+#else
+  __trap();  // code built for a pre-sm_90 target has no clusters: fail loudly rather than write nothing
 #endif
 }
 
@@ -300,13 +304,13 @@ __global__ void rms_norm_kernel(RmsNormArgs a) {
 
 // Whether this device launches clusters (once per device).
 bool clusters_supported() {
-  static int state[64] = {};  // 0 unknown, 1 yes, 2 no
+  static std::atomic<int> state[64] = {};  // 0 unknown, 1 yes, 2 no (threads may race to fill it)
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
     (void)cudaGetLastError();
     return false;
   }
-  if (state[dev] == 0) {
+  if (state[dev].load() == 0) {
     // (a query, no stream work: allowed in the relaxed capture mode should a capture be running)
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     const bool swapped = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
@@ -314,9 +318,9 @@ bool clusters_supported() {
     const bool ok = cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev) == cudaSuccess && v != 0;
     if (swapped) (void)cudaThreadExchangeStreamCaptureMode(&mode);
     (void)cudaGetLastError();
-    state[dev] = ok ? 1 : 2;
+    state[dev].store(ok ? 1 : 2);
   }
-  return state[dev] == 1;
+  return state[dev].load() == 1;
 }
 
 size_t cluster_smem(int64_t d) {
@@ -351,7 +355,7 @@ cudaError_t launch_cluster(const RmsNormArgs& a, const HcCollapseArgs& c, int C,
   cfg.attrs = attr;
   cfg.numAttrs = add_pdl_attribute(attr, 1);  // programmatic dependent launch, as launch_pdl
   e = cudaLaunchKernelEx(&cfg, rms_norm_cluster_kernel<kCollapse>, a, c);
-  if (e != cudaSuccess && cfg.numAttrs > 1) {  // a stream or driver that rejects PDL with clusters
+  if (e == cudaErrorNotSupported && cfg.numAttrs > 1) {  // a stream that rejects PDL with clusters (as launch_pdl)
     (void)cudaGetLastError();
     cfg.numAttrs = 1;
     e = cudaLaunchKernelEx(&cfg, rms_norm_cluster_kernel<kCollapse>, a, c);

@@ -92,7 +92,7 @@ struct Lin8Args {
   bool round_bf16 = true;
   // true: every 32-wide block's products are summed one by one in K order, as the CPU engine does
   // (bit-identical always). false lets a kernel sum a block's exact products in the tensor core:
-  // the same value whenever the block's exact sum fits in 24 bits (docs/ARCHITECTURE.md, numerics).
+  // the same value unless the block's sum rounds in either order (kernels/ops/tc_block.cuh).
   bool exact_block_sums = false;
 };
 // Row r of y = Lin4(expert expert_ids[r], input row r / x_row_div): x_row_div = top_k runs the
@@ -108,12 +108,11 @@ struct Lin4Args {
   float* y = nullptr;  // [rows][y_stride]
   int64_t y_stride = 0;
   bool round_bf16 = true;
-  bool exact_block_sums = false;  // as Lin8Args
 };
 // Up to kLinGroupMax Lin8s (Lin4 banks) that read the same input codes, in one launch: the warp
 // tiles are dealt over the linears' outputs as if they were concatenated, and every output equals
 // its separate lin8 / lin4 call bit for bit. lin[0..count) share w.in, x_codes, x_scales, m (rows),
-// round_bf16 and exact_block_sums; Lin4 banks also n_experts, expert_ids and x_row_div.
+// round_bf16 (Lin8s also exact_block_sums); Lin4 banks also n_experts, expert_ids and x_row_div.
 constexpr int kLinGroupMax = 3;
 struct Lin8GroupArgs {
   Lin8Args lin[kLinGroupMax];

@@ -3,10 +3,13 @@
 // A decode step is a chain of short kernels: without PDL the GPU idles for the launch latency
 // between each pair. launch_pdl() launches a kernel with programmatic stream serialisation, so it
 // is set up (and its blocks may become resident) while the previous kernel of the stream is still
-// running. That is race-free only because every kernel launched this way calls dev::pdl_wait() as
-// its FIRST statement, before any global memory read or write: pdl_wait returns once all earlier
-// work of the stream has completed and its writes are visible (this also covers write-after-read:
-// a buffer the previous kernel still reads is not written before it finished).
+// running. That is race-free only because every kernel launched this way calls dev::pdl_wait()
+// before any global memory read or write of data a kernel may write: pdl_wait returns once all
+// earlier work of the stream has completed and its writes are visible (this also covers
+// write-after-read: a buffer the previous kernel still reads is not written before it finished).
+// The one exception is weights, which no kernel writes: some kernels start loading (or L2-
+// prefetching) weight tiles before the wait, overlapping the previous kernel's tail (the Lin8
+// GEMV's prefetch, the tensor-core Lin8 GEMM, dense_stream, the mix and the cluster norm).
 //
 // dev::pdl_launch_dependents() lets the NEXT kernel of the stream be scheduled; the op kernels call
 // it right after pdl_wait (the next kernel waits for this one's completion anyway, so the trigger

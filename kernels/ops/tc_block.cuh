@@ -2,20 +2,26 @@
 // (FP8 and FP4 weights against ActQuant8 activation codes).
 //
 // Why it is (nearly) exact. e4m3 and e2m1 codes are fp16 values, so a code product is exact in the
-// tensor core, and a block's 32 products are summed there in fp32 from zero. That equals the CPU
-// engine's sequential fp32 chain whenever the block's exact sum needs at most 24 bits; otherwise it
-// differs by about one rounding of the block sum. The caller then folds the block in K-block order
+// tensor core, and a block's 32 products are added there in fp32 from zero - not one by one as the
+// CPU engine's chain does: the hardware aligns a step's products to the largest and keeps a limited
+// number of bits below it. The two agree when no rounding happens in either order, i.e. when the
+// products and the running sums need at most 24 significant bits (products of similar magnitude,
+// which the per-32 scales make the common case). Otherwise they can differ: a product far below the
+// largest can be dropped by the tensor core while the chain keeps it after a cancellation, so the
+// difference is bounded by the block's magnitude, |difference| <= ~2^-22 * sum |products| (what
+// the tests check), not by the block's result. The caller then folds the block in K-block order
 // exactly as the CPU does: acc = fma(part * x_scale, w_scale, acc), which equals the CPU's
 // acc + (part * x_scale) * w_scale because the E8M0 weight scale is a power of two.
 //
 // One arrangement everywhere. Which products share a tensor-core addition step could in principle
-// change the rounding of that sum, so every kernel (decode GEMV, prefill GEMM, grouped MoE) feeds a
+// change the rounding of that sum, so every kernel (the prefill Lin8 GEMM, the grouped MoE) feeds a
 // block through the same two chained m16n8k16 steps with the same K placement: weights are the A
 // operand (M = weight rows), activations the B operand (N = tokens or pairs); thread (g = lane / 4,
 // tig = lane % 4) supplies K 8tig .. 8tig+7 of its rows g and g+8 (A) and of its column g (B); step 0
 // takes K 8tig .. 8tig+3 (slots 2tig, 2tig+1 <- K 8tig, 8tig+1; slots 2tig+8, 2tig+9 <- K 8tig+2,
-// 8tig+3), step 1 the same with K + 4. A row's result therefore never depends on the tile, the batch
-// or the kernel that computed it.
+// 8tig+3), step 1 the same with K + 4. A row's result therefore never depends on the tile or on the
+// other rows of the call (the callers keep decode steps on the sequential sums, so that a row's bits
+// do not depend on its batch either: CudaModelOptions::exact_block_sums).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

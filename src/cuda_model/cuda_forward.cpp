@@ -22,23 +22,28 @@ QuantizedInput Impl::quantize(const float* x, int64_t x_stride, int64_t m, int64
   return {codes, scales, m, k};
 }
 
-QuantizedInput Impl::rms_norm_rows(gpu::RmsNormArgs a, bool want_codes, uint8_t* codes, float* scales) {
+namespace {
+// A norm launch that also writes its rows' ActQuant8 codes where the width allows (d % 32 == 0);
+// the codes then need no separate quantise launch.
+template <class Launch>
+QuantizedInput norm_with_codes(gpu::RmsNormArgs a, bool want_codes, uint8_t* codes, float* scales, Launch&& launch) {
   const bool fused = want_codes && a.d % 32 == 0;
   a.codes = fused ? codes : nullptr;
   a.scales = fused ? scales : nullptr;
-  gpu::rms_norm(a, stream);
+  launch(a);
   if (!fused) return {};
   return {codes, scales, a.rows, a.d};
+}
+}  // namespace
+
+QuantizedInput Impl::rms_norm_rows(gpu::RmsNormArgs a, bool want_codes, uint8_t* codes, float* scales) {
+  return norm_with_codes(a, want_codes, codes, scales, [&](const gpu::RmsNormArgs& n) { gpu::rms_norm(n, stream); });
 }
 
 QuantizedInput Impl::collapse_norm_rows(const gpu::HcCollapseArgs& c, gpu::RmsNormArgs a, bool want_codes, uint8_t* codes,
                                         float* scales) {
-  const bool fused = want_codes && a.d % 32 == 0;
-  a.codes = fused ? codes : nullptr;
-  a.scales = fused ? scales : nullptr;
-  gpu::hc_collapse_rms_norm(c, a, stream);
-  if (!fused) return {};
-  return {codes, scales, a.rows, a.d};
+  return norm_with_codes(a, want_codes, codes, scales,
+                         [&](const gpu::RmsNormArgs& n) { gpu::hc_collapse_rms_norm(c, n, stream); });
 }
 
 void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
@@ -75,7 +80,7 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
     a.y = y;
     a.y_stride = y_stride;
     a.round_bf16 = round;
-    a.exact_block_sums = opts.exact_block_sums;
+    a.exact_block_sums = opts.exact_block_sums || sequential_pass;
     gpu::lin8(a, stream);
   } else {
     gpu::Lin4Args a;
@@ -86,7 +91,6 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
     a.y = y;
     a.y_stride = y_stride;
     a.round_bf16 = round;
-    a.exact_block_sums = opts.exact_block_sums;
     gpu::lin4(a, stream);
   }
 }
@@ -121,7 +125,7 @@ void Impl::linear_pair(const GpuLinear& l1, float* y1, int64_t y1_stride, const 
       a.y = ys[p];
       a.y_stride = strides[p];
       a.round_bf16 = round;
-      a.exact_block_sums = opts.exact_block_sums;
+      a.exact_block_sums = opts.exact_block_sums || sequential_pass;
     }
     gpu::lin8_group(g, stream);
   } else {
@@ -136,7 +140,6 @@ void Impl::linear_pair(const GpuLinear& l1, float* y1, int64_t y1_stride, const 
       a.y = ys[p];
       a.y_stride = strides[p];
       a.round_bf16 = round;
-      a.exact_block_sums = opts.exact_block_sums;
     }
     gpu::lin4_group(g, stream);
   }
@@ -169,6 +172,7 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
   const ModelConfig& c = cfg;
   const int64_t n = p.n, hc = c.hc_mult, dim = c.hidden_size, mixw = (2 + hc) * hc;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  sequential_pass = p.decode;
   auto mix = [&](const DeviceBuffer& fn, const DeviceBuffer& base, const DeviceBuffer& scale, float* out) {
     gpu::HcMixArgs a = gpu::hc_mix_args(c, sc.h, n, fn.as<float>(), base.as<float>(), scale.as<float>(), out);
     // The reference call these rows belong to decides the sigmoid path (block.cpp): a decode
@@ -320,6 +324,7 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
                     float* logits_host, BlockDump* dump) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, dim = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
+  sequential_pass = p.decode;
 
   // Host phases of a decode step (DSV41_HOST_PHASES=1; cuda_host_phases.h).
   HostPhaseTimer* ph = p.decode && host_phases.on() ? &host_phases : nullptr;

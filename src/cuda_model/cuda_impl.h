@@ -224,6 +224,10 @@ class StagedUploader;  // pinned-staging weight uploads (cuda_upload.h)
 struct Impl {
   ModelConfig cfg;
   CudaModelOptions opts;
+  // The running pass keeps every FP8 linear on the sequential block sums (decode steps, solo or
+  // batched, and DSpark drafts): a sequence's tokens then never depend on the batch it runs in,
+  // as with the grouped MoE (CudaModelOptions::exact_block_sums covers every pass).
+  bool sequential_pass = false;
   std::unique_ptr<Checkpoint> ckpt;
   DeviceBuffer embed;  // [vocab][dim] bf16
   DeviceBuffer head;   // [vocab][dim]

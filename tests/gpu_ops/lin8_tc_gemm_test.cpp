@@ -84,8 +84,6 @@ std::unique_ptr<Weight> make_weight(Rng& rng, int64_t in, int64_t out, bool few_
                                   rng.e8m0_bytes(static_cast<size_t>(((out + 31) / 32) * (in / 32))));
 }
 
-// Runs lin8_group (or one lin8 per part when solo) over rows [r0, r0 + m) of the quantised input;
-// returns each part's [m][out] outputs (written into guarded, strided buffers that are checked).
 // The group's arguments over rows [r0, r0 + m) of the quantised input (outputs not set).
 gpu::Lin8GroupArgs group_args(const std::vector<const Weight*>& parts, const QuantAct& qa, int64_t r0, int64_t m,
                               bool round_bf16, bool exact) {
@@ -104,6 +102,8 @@ gpu::Lin8GroupArgs group_args(const std::vector<const Weight*>& parts, const Qua
   return g;
 }
 
+// Runs lin8_group (or one lin8 per part when solo) over rows [r0, r0 + m) of the quantised input;
+// returns each part's [m][out] outputs (written into guarded, strided buffers that are checked).
 std::vector<std::vector<float>> run(const std::string& what, const std::vector<const Weight*>& parts, const QuantAct& qa,
                                     int64_t r0, int64_t m, bool round_bf16, bool exact, bool solo = false) {
   gpu::Lin8GroupArgs g = group_args(parts, qa, r0, m, round_bf16, exact);
@@ -355,7 +355,7 @@ TEST(GpuLin8TcGemm, ExactBlockSumsAndDispatch) {
   g.lin[0].m = gpu::raw::kLin8TcMinRows;
   EXPECT_TRUE(gpu::raw::lin8_tc_gemm_supported(g));
   {
-    TcSettings forced(gpu::raw::kLin8TcMinRows, 2);  // a forced tile takes every eligible call
+    TcSettings forced(gpu::raw::kLin8TcMinRows, 2);  // at the threshold the tensor-core GEMM takes the call
     EXPECT_TRUE(gpu::raw::lin8_gemm_takes(g));
     g.lin[0].exact_block_sums = true;  // ...but never one that asks for the sequential sums
     const int64_t prev = gpu::raw::set_lin8_gemm_min_rows(kNever);

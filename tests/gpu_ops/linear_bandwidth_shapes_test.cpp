@@ -115,7 +115,6 @@ void lin4_case(const std::string& tag, int64_t in, int64_t out, int64_t n_expert
   a.x_row_div = x_row_div;
   a.y = dy.as<float>();
   a.y_stride = y_stride;
-  a.exact_block_sums = true;  // the sequential kernel, bit for bit with the CPU
   gpu::lin4(a, nullptr);
   sync_ok();
   expect_equal(what, strided_rows(what, dy, rows, y_stride, out), want);

@@ -164,7 +164,6 @@ void lin4_group_case(const std::string& tag, int64_t in, const std::vector<int64
     a.y = grouped[p]->as<float>();
     a.y_stride = stride;
     a.round_bf16 = true;
-    a.exact_block_sums = true;  // the sequential kernel, bit for bit with the CPU
   }
   gpu::lin4_group(g, nullptr);
   for (size_t p = 0; p < outs.size(); ++p) {

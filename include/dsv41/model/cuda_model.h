@@ -82,7 +82,10 @@ struct CudaModelOptions {
   // passes read each routed expert once for more tokens: prefill's grouped expert GEMM is bound by
   // those weight reads at a few rows per expert (bench/RESULTS.md). 1024: 1.21 GiB of arena at
   // the serve default context (1M) + 0.1 GiB DSpark scratch, inside the 2 GiB engine overhead
-  // (2048 would take 2.17 + 0.2 GiB); results do not depend on it.
+  // (2048 would take 2.17 + 0.2 GiB). Results do not depend on it with exact_block_sums; without,
+  // a pass below the tensor-core thresholds (64 rows of a Lin8, grouped_moe_min_rows pairs) takes
+  // the sequential block sums, so a row whose block sum rounds (tc_block.cuh) can differ in its
+  // last bits between pass sizes.
   int64_t max_chunk_tokens = 1024;
   // Rows of logits the scratch holds (a vocabulary row is 0.5 MB at the released size): a pass that
   // returns every row's logits, a batched decode step and a DSpark drafter pass take at most this
@@ -96,15 +99,17 @@ struct CudaModelOptions {
   // tensor-core GEMMs (gpu::moe_grouped): ~3x faster at 256-token prefill passes, ~9x at 2048, but
   // not guaranteed bit-identical to the CPU engine (the tensor core sums each 32-wide block of exact
   // products in its own order); fewer pairs, or 0, keep the exact per-pair kernels. Decode steps
-  // (batched or not) and DSpark drafts always keep them, so a sequence's tokens never depend on its batch. Tests that
-  // compare prefill with the CPU engine bit for bit set 0.
+  // (batched or not) and DSpark drafts always keep them, so a sequence's tokens never depend on its
+  // batch. exact_block_sums turns it off too.
   int64_t grouped_moe_min_rows = 64;
   // true: every FP8/FP4 linear sums each 32-wide block of exact code products one by one in K order,
   // as the CPU engine does, so results are bit-identical to it (and the grouped MoE above is off).
-  // false lets the block-scaled kernels sum a block in the tensor core: the same value whenever the
-  // block's exact sum fits in 24 bits, otherwise within a rounding of it (docs/ARCHITECTURE.md,
-  // numerics). Tests that compare with the CPU engine bit for bit set true; the environment's
-  // DSV41_EXACT_BLOCK_SUMS=1 sets it in every process of a run.
+  // false lets prefill passes sum a block in the tensor core (the Lin8 GEMM from 64 rows, the
+  // grouped MoE): the same value unless the block's sum rounds in either order, otherwise within
+  // ~2^-22 of the block's magnitude (kernels/ops/tc_block.cuh; docs/ARCHITECTURE.md, Numerics).
+  // Decode steps and DSpark drafts keep the sequential sums either way. Tests that compare with the
+  // CPU engine bit for bit set true; the environment's DSV41_EXACT_BLOCK_SUMS=1 sets it in every
+  // process of a run.
   bool exact_block_sums = false;
   // Load the mtp.* DSpark stages when the config has them (drafting, and the DSpark rings every
   // forward feeds); as CpuModelOptions::dspark.

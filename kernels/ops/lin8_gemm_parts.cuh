@@ -24,6 +24,17 @@ struct Lin8GemmParts {
   bool round_bf16 = true;
 };
 
+// Numbers the output tiles of `tile` outputs over the parts as if their outputs were concatenated
+// (each part's last tile may be partial): fills col0, returns the number of tiles.
+inline int64_t lin8_number_part_tiles(Lin8GemmParts& a, int64_t tile) {
+  int64_t cols = 0;
+  for (int p = 0; p < a.n_parts; ++p) {
+    a.col0[p] = cols;
+    cols += (a.out[p] + tile - 1) / tile;
+  }
+  return cols;
+}
+
 // The part that output tile `col` of the concatenated outputs falls in, and the tile within it.
 struct Lin8PartView {
   const uint8_t* w;

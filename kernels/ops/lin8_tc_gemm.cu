@@ -232,22 +232,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
       }
 }
 
-// Weight-row tiles over the parts (each part's last one may be partial).
-int64_t set_columns(TcArgs& a, int64_t bm) {
-  int64_t cols = 0;
-  for (int p = 0; p < a.n_parts; ++p) {
-    a.col0[p] = cols;
-    cols += (a.out[p] + bm - 1) / bm;
-  }
-  return cols;
-}
-
 template <class T>
 cudaError_t launch_tile(TcArgs a, cudaStream_t s) {
   static std::atomic<uint64_t> configured{0};
   cudaError_t e = allow_smem(lin8_tc_gemm_kernel<T>, T::kPipeBytes + kMaxWsBytes, configured);
   if (e != cudaSuccess) return e;
-  const int64_t cols = set_columns(a, T::kBM), token_tiles = (a.rows + T::kBN - 1) / T::kBN;
+  const int64_t cols = lin8_number_part_tiles(a, T::kBM), token_tiles = (a.rows + T::kBN - 1) / T::kBN;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(cols));
   return launch_pdl(lin8_tc_gemm_kernel<T>, grid, dim3(T::kThreads), T::smem_bytes(a.in / 32), s, a);
 }

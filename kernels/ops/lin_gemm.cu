@@ -418,21 +418,11 @@ cudaError_t configure_all() {
   return e;
 }
 
-// Columns of CTA tiles over the parts (each part's last one may be partial).
-int64_t set_columns(GemmArgs& a, int64_t bn) {
-  int64_t cols = 0;
-  for (int p = 0; p < a.n_parts; ++p) {
-    a.col0[p] = cols;
-    cols += (a.out[p] + bn - 1) / bn;
-  }
-  return cols;
-}
-
 template <class Kernel>
 cudaError_t launch(Kernel kernel, int bm, int bn, int threads, size_t smem, GemmArgs a, cudaStream_t s) {
   cudaError_t e = configure_all();
   if (e != cudaSuccess) return e;
-  const int64_t cols = set_columns(a, bn);
+  const int64_t cols = lin8_number_part_tiles(a, bn);
   // grid.y is limited to 65535: row tiles run in slices
   const int64_t row_tiles = (a.rows + bm - 1) / bm;
   for (int64_t t0 = 0; t0 < row_tiles; t0 += 65535) {

@@ -8,10 +8,11 @@
 // products and the running sums need at most 24 significant bits (products of similar magnitude,
 // which the per-32 scales make the common case). Otherwise they can differ: a product far below the
 // largest can be dropped by the tensor core while the chain keeps it after a cancellation, so the
-// difference is bounded by the block's magnitude, |difference| <= ~2^-22 * sum |products| (what
-// the tests check), not by the block's result. The caller then folds the block in K-block order
-// exactly as the CPU does: acc = fma(part * x_scale, w_scale, acc), which equals the CPU's
-// acc + (part * x_scale) * w_scale because the E8M0 weight scale is a power of two.
+// difference is bounded by the block's magnitude, not by its result: each way is within
+// 31 * 2^-24 * sum |products| (~2^-19) of the exact sum (the tests allow 2^-18 * sum |products|).
+// The caller then folds the block in K-block order exactly as the CPU does:
+// acc = fma(part * x_scale, w_scale, acc), which equals the CPU's acc + (part * x_scale) * w_scale
+// because the E8M0 weight scale is a power of two.
 //
 // One arrangement everywhere. Which products share a tensor-core addition step could in principle
 // change the rounding of that sum, so every kernel (the prefill Lin8 GEMM, the grouped MoE) feeds a

@@ -106,7 +106,7 @@ struct CudaModelOptions {
   // as the CPU engine does, so results are bit-identical to it (and the grouped MoE above is off).
   // false lets prefill passes sum a block in the tensor core (the Lin8 GEMM from 64 rows, the
   // grouped MoE): the same value unless the block's sum rounds in either order, otherwise within
-  // ~2^-22 of the block's magnitude (kernels/ops/tc_block.cuh; docs/ARCHITECTURE.md, Numerics).
+  // ~2^-18 of the block's magnitude (kernels/ops/tc_block.cuh; docs/ARCHITECTURE.md, Numerics).
   // Decode steps and DSpark drafts keep the sequential sums either way. Tests that compare with the
   // CPU engine bit for bit set true; the environment's DSV41_EXACT_BLOCK_SUMS=1 sets it in every
   // process of a run.

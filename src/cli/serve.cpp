@@ -347,6 +347,10 @@ int run_serve(const ServeOptions& o) {
   }
   if (engram_store)
     ao.extra_metrics = [store = engram_store] { return engram::format_engram_metrics(store->metrics()); };
+  if (tp_model)
+    ao.extra_metrics = [base = ao.extra_metrics, tp = tp_model.get()] {
+      return (base ? base() : std::string()) + dist::format_collective_metrics(tp->collective_stats());
+    };
   serve::Api api(scheduler, *text, ao);
 
   loading->stop();

@@ -70,7 +70,7 @@ HostPhaseTimer::Clock::time_point Impl::index_score_slices(int64_t slices, const
       else host_point_sync("index scores");            // a decode step's graph segment ends here (cuda_step.cpp)
       if (decode_timing) t_host = host_phases.add(HostPhase::TopkWait, t_host);
     } else if (recorded[static_cast<size_t>(s % 2)]) {
-      gpu::check_cuda(cudaEventSynchronize(score_slice_ready[static_cast<size_t>(s % 2)]), "index score slice");
+      sync_event(score_slice_ready[static_cast<size_t>(s % 2)], "index score slice");
     } else {
       host_point_sync("index score slice");  // issued inside a capture that the first wait ended
     }

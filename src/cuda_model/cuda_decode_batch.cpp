@@ -196,6 +196,7 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
   if (head) final_rows(0, n);
   if (dspark) dspark_feed_rings_batch(*this, db);
   if (graph) graph->end();
+  if (tp && head) sync_stream("batched decode");  // before the pageable copies (cuda_forward.cpp)
   if (head) {  // into the callers' (pageable) vectors, after the graph
     for (int64_t i = 0; i < n; ++i) {
       std::vector<float>* l = logits[static_cast<size_t>(i)];
@@ -206,7 +207,7 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
     }
   }
   phase(HostPhase::HeadIssue);
-  gpu::check_cuda(cudaStreamSynchronize(stream), "batched decode");
+  step_done("batched decode");
   phase(HostPhase::FinalSync);
   if (ph) ph->end_step(n);
 

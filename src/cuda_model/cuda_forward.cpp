@@ -226,7 +226,7 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
     ef.routed = sc.routed;
     ef.ids = sc.ids;
     ef.top_k = b.top_k;
-    ef.shared = sc.shared;
+    ef.shared = moe_rows(b, n).shared;
     ef.y_out = sc.y;
   }
   ef.pre_out = sc.pre;
@@ -385,7 +385,7 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
       std::vector<float> h(static_cast<size_t>(n * hc * dim)), pr(static_cast<size_t>(n * hc));
       gpu::check_cuda(cudaMemcpyAsync(h.data(), sc.h, h.size() * 4, cudaMemcpyDeviceToHost, stream), "dump h");
       gpu::check_cuda(cudaMemcpyAsync(pr.data(), sc.pre, pr.size() * 4, cudaMemcpyDeviceToHost, stream), "dump pre");
-      gpu::check_cuda(cudaStreamSynchronize(stream), "dump sync");
+      sync_stream("dump sync");
       auto& dh = dump->h[static_cast<size_t>(L)];
       auto& dp = dump->pre[static_cast<size_t>(L)];
       dh.insert(dh.end(), h.begin(), h.end());
@@ -402,12 +402,15 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
   if (logit_rows_from >= 0) final_rows(logit_rows_from, n - logit_rows_from);
   if (dspark) dspark_feed_rings(*this, st, p);  // DSpark rings of the pass's positions
   if (graph) graph->end();
+  // A copy into pageable memory blocks until the stream reaches it: under tensor parallelism wait
+  // for the step first (polling the collective, sync_stream), so a lost rank cannot hang the copy.
+  if (tp && logit_rows_from >= 0) sync_stream("forward");
   if (logit_rows_from >= 0)  // into the caller's (pageable) vector, after the graph
     gpu::check_cuda(cudaMemcpyAsync(logits_host, sc.logits, static_cast<size_t>((n - logit_rows_from) * V) * 4,
                                     cudaMemcpyDeviceToHost, stream),
                     "logits download");
   phase(HostPhase::HeadIssue);
-  gpu::check_cuda(cudaStreamSynchronize(stream), "forward");
+  step_done("forward");
   phase(HostPhase::FinalSync);
   if (ph) ph->end_step(n);
 

@@ -17,6 +17,7 @@
 #include "cuda_model/cuda_pinned.h"
 #include "cuda_model/cuda_state_memory.h"
 #include "dsv41/engram/row_store.h"
+#include "dist/nccl_collective.h"
 #include "dsv41/dist/collective.h"
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/model/cuda_model.h"
@@ -263,14 +264,14 @@ struct Impl {
   std::shared_ptr<DsparkModel> dspark;  // null: no DSpark stages loaded (cuda_dspark.cpp)
   int64_t dspark_stages = 0;            // DSpark rings per sequence state
   StagedUploader* staging = nullptr;    // set while load() runs: weight uploads go through it
-  // Tensor parallelism (cuda_tp.cpp): the collective (device memory), this rank, the head's
-  // vocabulary slice, and the routed-expert ids of this rank's bank (-1: another rank's expert).
-  dist::Collective* tp = nullptr;
+  // Tensor parallelism (cuda_tp.cpp): the collective (device memory, all-reduces on `stream`),
+  // this rank, the head's vocabulary slice, and the routed-expert ids of this rank's bank (-1:
+  // another rank's expert).
+  dist::DeviceCollective* tp = nullptr;
   int tp_rank = 0, tp_world = 1;
   bool head_split = false;
   int64_t vocab_begin = 0, vocab_end = 0;
   DeviceBuffer tp_ids;
-  std::vector<int32_t> tp_ids_host;
 
   ~Impl();
   // ---- loading (src/cuda_model/cuda_load.cpp) ----
@@ -290,7 +291,20 @@ struct Impl {
   dist::Range tp_share(int64_t total, int64_t align, const char* what) const;  // this rank's non-empty range
   void tp_zero(float* d, int64_t count);             // zero a buffer a split layer fills in part
   void tp_sum(float* d, int64_t count);              // all-reduce it (every rank adds exact zeros)
+  // Where a pass of n tokens keeps the shared expert's gate/up rows and output rows: sc.sg, sc.su
+  // and sc.shared; for a split layer back to back with the buffer summed with them (su after sg,
+  // shared after the n * top_k routed rows), so each pair takes one all-reduce.
+  struct MoeRows {
+    float *sg, *su, *shared;
+  };
+  MoeRows moe_rows(const GpuBlock& b, int64_t n) const;
   const int32_t* tp_local_expert_ids(const GpuBlock& b, int64_t pairs);
+  // The host's waits on `stream` inside a step. Under tensor parallelism the stream holds NCCL
+  // work that a lost rank would never finish: these poll the collective's liveness (it aborts the
+  // communicator, which ends the kernels, and throws) instead of blocking.
+  void sync_stream(const char* what);
+  void sync_event(cudaEvent_t e, const char* what);
+  void step_done(const char* what);  // the step's last wait (then the collectives' timing)
   // ---- EXL3 (src/cuda_model/cuda_exl3.cpp) ----
   GpuLinear upload_exl3(const std::string& prefix, int64_t in, int64_t out);
   void load_exl3_experts(GpuBlock& b, const std::string& ffn_prefix);  // after the shared expert

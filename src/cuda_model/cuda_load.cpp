@@ -568,9 +568,11 @@ void Impl::alloc_scratch() {
       {reinterpret_cast<void**>(&s.route_scratch), m * 2 * E * f},
       {reinterpret_cast<void**>(&s.eg), m * K * inter * f},
       {reinterpret_cast<void**>(&s.eu), m * K * inter * f},
-      {reinterpret_cast<void**>(&s.routed), m * K * dim * f},
-      {reinterpret_cast<void**>(&s.sg), m * inter * f},
-      {reinterpret_cast<void**>(&s.su), m * inter * f},
+      // A split MoE layer (cuda_tp.cpp) keeps each pair of buffers it all-reduces back to back, so
+      // one call covers both: the shared expert's rows right after the pass's routed rows, su's
+      // rows right after sg's (Impl::moe_rows); hence one extra row set in each.
+      {reinterpret_cast<void**>(&s.routed), m * (K + 1) * dim * f},
+      {reinterpret_cast<void**>(&s.sg), 2 * m * inter * f},
       {reinterpret_cast<void**>(&s.shared), m * dim * f},
       {reinterpret_cast<void**>(&s.engram_raw), engram_raw},
       {reinterpret_cast<void**>(&s.engram_rows), m * edim * f},
@@ -591,6 +593,7 @@ void Impl::alloc_scratch() {
     *p.dst = base + off;
     off += align(std::max<int64_t>(p.bytes, 1));
   }
+  s.su = s.sg + m * inter;
   // (a memset may return before it is done: the sync keeps it ahead of any stream's first kernel)
   ops::gpu::check_cuda(cudaMemset(s.mix_counters, 0, static_cast<size_t>(m) * 4), "mix counters zero");
   ops::gpu::check_cuda(cudaDeviceSynchronize(), "mix counters zero");

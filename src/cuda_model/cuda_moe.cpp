@@ -98,21 +98,16 @@ bool Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& x
     gpu::swiglu(s, stream);
     bank(b.w2, {sc.codes, sc.act_scales, pairs, inter}, 1, sc.routed, dim);
   }
-  if (b.split) tp_sum(sc.routed, pairs * dim);
 
-  // Shared expert; split: column slices of w1/w3 and w2 written into zeroed buffers, all-reduced.
-  if (b.split) {
-    tp_zero(sc.sg, n * inter);
-    tp_zero(sc.su, n * inter);
-  }
-  linear_pair(b.sh_w1, sc.sg + b.sh_inter_begin, inter, b.sh_w3, sc.su + b.sh_inter_begin, inter, sc.x, dim, n, true,
-              x_in);
-  if (b.split) {
-    tp_sum(sc.sg, n * inter);
-    tp_sum(sc.su, n * inter);
-  }
+  // Shared expert; split: column slices of w1/w3 and w2 written into zeroed buffers, all-reduced
+  // (gate and up in one call; the output with the routed rows in one call, moe_rows).
+  const MoeRows rows = moe_rows(b, n);
+  if (b.split) tp_zero(rows.sg, 2 * n * inter);
+  linear_pair(b.sh_w1, rows.sg + b.sh_inter_begin, inter, b.sh_w3, rows.su + b.sh_inter_begin, inter, sc.x, dim, n,
+              true, x_in);
+  if (b.split) tp_sum(rows.sg, 2 * n * inter);
   // The shared SwiGLU's codes go to sc.codes: the routed down projection has read them by now.
-  gpu::SwigluArgs ss{sc.sg, sc.su, n, inter, nullptr, limit, sc.sg};
+  gpu::SwigluArgs ss{rows.sg, rows.su, n, inter, nullptr, limit, rows.sg};
   QuantizedInput sg_in;
   if (takes_codes(b.sh_w2) && inter % 32 == 0) {
     ss.codes = sc.codes;
@@ -120,11 +115,11 @@ bool Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& x
     sg_in = {sc.codes, sc.act_scales, n, inter};
   }
   gpu::swiglu(ss, stream);
-  if (b.split) tp_zero(sc.shared, n * dim);
-  linear(b.sh_w2, sc.sg, inter, n, sc.shared + b.sh_dim_begin, dim, true, sg_in);
-  if (b.split) tp_sum(sc.shared, n * dim);
-  if (defer_combine) return true;  // sc.routed, sc.ids and sc.shared feed the caller's fused expand
-  gpu::MoeCombineArgs mc{sc.routed, sc.ids, n, K, dim, sc.shared, sc.y};
+  if (b.split) tp_zero(rows.shared, n * dim);
+  linear(b.sh_w2, rows.sg, inter, n, rows.shared + b.sh_dim_begin, dim, true, sg_in);
+  if (b.split) tp_sum(sc.routed, (pairs + n) * dim);  // the routed rows and rows.shared after them
+  if (defer_combine) return true;  // sc.routed, sc.ids and moe_rows().shared feed the caller's fused expand
+  gpu::MoeCombineArgs mc{sc.routed, sc.ids, n, K, dim, rows.shared, sc.y};
   gpu::moe_combine(mc, stream);
   return false;
 }

@@ -39,7 +39,7 @@ StepGraphs* Impl::decode_graphs() const { return graphs_on && !tp ? graphs.get()
 
 void Impl::host_point_sync(const char* what) {
   if (graphs && graphs->capturing()) graphs->pause();
-  gpu::check_cuda(cudaStreamSynchronize(stream), what);
+  sync_stream(what);
 }
 
 bool Impl::host_point_can_defer() const { return !(graphs && graphs->capturing()); }
@@ -51,7 +51,7 @@ void Impl::host_point_mark() {
 
 void Impl::host_point_wait(const char* what) {
   DSV_ASSERT(host_point_can_defer(), "host point: a deferred wait inside a graph capture");
-  gpu::check_cuda(cudaEventSynchronize(scores_ready), what);
+  sync_event(scores_ready, what);
 }
 
 void Impl::host_point_resume() {

@@ -11,23 +11,22 @@
 #include <cstring>
 
 #include "dsv41/common/error.h"
+#include "dsv41/ops/gpu_expert_ids.h"
 
 namespace dsv41::model::cuda {
 namespace gpu = ops::gpu;
 
 void Impl::tp_setup() {
-  tp = opts.tp.get();
-  if (!tp) return;
-  tp_rank = tp->rank();
-  tp_world = tp->world_size();
+  dist::Collective* c = opts.tp.get();
+  if (!c) return;
+  tp_rank = c->rank();
+  tp_world = c->world_size();
   DSV_CHECK(tp_world >= 1 && tp_rank >= 0 && tp_rank < tp_world, "tensor parallel: rank {} of world size {}", tp_rank,
             tp_world);
-  if (tp_world == 1) {
-    tp = nullptr;
-    return;
-  }
-  DSV_CHECK(std::strcmp(tp->backend(), "nccl") == 0,
-            "tensor parallelism on the CUDA backend needs the NCCL collective (device memory), got '{}'", tp->backend());
+  if (tp_world == 1) return;
+  tp = dynamic_cast<dist::DeviceCollective*>(c);
+  DSV_CHECK(tp != nullptr,
+            "tensor parallelism on the CUDA backend needs the NCCL collective (device memory), got '{}'", c->backend());
   DSV_CHECK(!opts.dspark,
             "tensor parallelism on the CUDA backend runs without the DSpark stages (not split yet); drop --dspark / "
             "--spec-method dspark or use --device cpu");
@@ -46,28 +45,57 @@ void Impl::tp_zero(float* d, int64_t count) {
 }
 
 void Impl::tp_sum(float* d, int64_t count) {
-  // The collective runs on its own stream: the buffer must be complete before it starts.
-  gpu::check_cuda(cudaStreamSynchronize(stream), "tensor-parallel sync");
-  tp->all_reduce_sum(d, static_cast<size_t>(count));
+  // On the compute stream, after the kernels that wrote `d`: no host round trip.
+  tp->all_reduce_sum_on(d, static_cast<size_t>(count), stream);
+}
+
+Impl::MoeRows Impl::moe_rows(const GpuBlock& b, int64_t n) const {
+  if (!b.split) return {sc.sg, sc.su, sc.shared};
+  // The scratch holds m * (K + 1) routed rows and 2 * m * inter gate/up values (cuda_load.cpp).
+  DSV_ASSERT(n <= sc.m && b.top_k <= std::max(cfg.num_experts_per_tok, cfg.dspark_topk()),
+             "split MoE rows: {} tokens of {}, top-k {}", n, sc.m, b.top_k);
+  return {sc.sg, sc.sg + n * cfg.moe_intermediate_size, sc.routed + n * b.top_k * cfg.hidden_size};
 }
 
 const int32_t* Impl::tp_local_expert_ids(const GpuBlock& b, int64_t pairs) {
-  // The router's global ids stay in sc.ids for the combine (expert order); the banks take local
-  // ids. The selection is small (pairs ints): it goes through the host.
-  tp_ids_host.resize(static_cast<size_t>(pairs));
-  gpu::check_cuda(cudaMemcpyAsync(tp_ids_host.data(), sc.ids, static_cast<size_t>(pairs) * 4, cudaMemcpyDeviceToHost,
-                                  stream),
-                  "expert ids download");
-  gpu::check_cuda(cudaStreamSynchronize(stream), "expert ids");
-  const int64_t e0 = b.expert_begin, e1 = b.expert_begin + b.w1.n;
-  for (int32_t& e : tp_ids_host) e = e >= e0 && e < e1 ? static_cast<int32_t>(e - e0) : -1;
+  // The router's global ids stay in sc.ids for the combine (expert order); the banks take local ids.
   DSV_ASSERT(tp_ids.bytes() >= static_cast<size_t>(pairs) * 4, "local expert ids: {} pairs exceed the buffer", pairs);
-  gpu::check_cuda(cudaMemcpyAsync(tp_ids.as<int32_t>(), tp_ids_host.data(), static_cast<size_t>(pairs) * 4,
-                                  cudaMemcpyHostToDevice, stream),
-                  "local expert ids upload");
-  // The host vector is reused by the next layer: the copy must have read it.
-  gpu::check_cuda(cudaStreamSynchronize(stream), "local expert ids");
+  gpu::local_expert_ids(sc.ids, tp_ids.as<int32_t>(), pairs, static_cast<int32_t>(b.expert_begin),
+                        static_cast<int32_t>(b.expert_begin + b.w1.n), stream);
   return tp_ids.as<int32_t>();
+}
+
+void Impl::sync_stream(const char* what) {
+  if (!tp) {
+    gpu::check_cuda(cudaStreamSynchronize(stream), what);
+    return;
+  }
+  for (int i = 0;; ++i) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) gpu::check_cuda(e, what);
+    tp->check_alive(what);
+    dist::poll_backoff(i);
+  }
+}
+
+void Impl::sync_event(cudaEvent_t ev, const char* what) {
+  if (!tp) {
+    gpu::check_cuda(cudaEventSynchronize(ev), what);
+    return;
+  }
+  for (int i = 0;; ++i) {
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) gpu::check_cuda(e, what);
+    tp->check_alive(what);
+    dist::poll_backoff(i);
+  }
+}
+
+void Impl::step_done(const char* what) {
+  sync_stream(what);
+  if (tp) tp->settle();
 }
 
 }  // namespace dsv41::model::cuda

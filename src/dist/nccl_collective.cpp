@@ -1,14 +1,27 @@
 #include "dist/nccl_collective.h"
 
+#include <chrono>
+#include <thread>
+
+namespace dsv41::dist {
+
+void poll_backoff(int i) {
+  if (i < 2000) std::this_thread::yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+}  // namespace dsv41::dist
+
 #if defined(DSV41_HAS_NCCL)
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <chrono>
+#include <cstdlib>
 #include <cstring>
-#include <thread>
+#include <mutex>
 
 namespace dsv41::dist {
+
 namespace {
 
 void check_nccl(ncclResult_t r, const char* what) {
@@ -20,10 +33,12 @@ void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA {} failed: {}", what, cudaGetErrorString(e));
 }
 
-class NcclCollective final : public Collective {
+class NcclCollective final : public DeviceCollective {
  public:
   NcclCollective(int rank, int world, const std::vector<uint8_t>& id, int device, AbortCheck abort)
       : rank_(rank), world_(world), abort_(std::move(abort)) {
+    const char* timing = std::getenv("DSV41_TP_TIMING");
+    timing_ = timing && std::strcmp(timing, "1") == 0;
     DSV_CHECK(id.size() == sizeof(ncclUniqueId), "NCCL unique id of {} bytes (expected {})", id.size(),
               sizeof(ncclUniqueId));
     ncclUniqueId uid;
@@ -38,6 +53,10 @@ class NcclCollective final : public Collective {
   }
   ~NcclCollective() override {
     if (comm_) ncclCommAbort(comm_);
+    for (auto& [a, b] : events_) {
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
     if (stream_) cudaStreamDestroy(stream_);
   }
   int rank() const override { return rank_; }
@@ -47,8 +66,10 @@ class NcclCollective final : public Collective {
   void all_gather(const void* send, std::span<const size_t> counts, void* out) override {
     DSV_CHECK(counts.size() == static_cast<size_t>(world_), "all_gather: {} counts for world size {}", counts.size(),
               world_);
+    alive("all_gather");
     // Unequal parts: one broadcast per rank inside a group (NCCL's allgather needs equal counts).
     size_t off = 0;
+    const size_t first = begin_timing(stream_);
     check_nccl(ncclGroupStart(), "group start");
     for (int r = 0; r < world_; ++r) {
       auto* dst = static_cast<uint8_t*>(out) + off;
@@ -58,17 +79,75 @@ class NcclCollective final : public Collective {
     }
     check_nccl(ncclGroupEnd(), "group end");
     wait_enqueued("all_gather");
+    end_timing(stream_, first, false, off);
     wait_stream("all_gather");
+    settle();
   }
 
   void all_reduce_sum(float* data, size_t n) override {
-    if (n == 0) return;
-    check_nccl(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_), "all_reduce");
-    wait_enqueued("all_reduce");
+    all_reduce_sum_on(data, n, stream_);
     wait_stream("all_reduce");
+    settle();
+  }
+
+  void all_reduce_sum_on(float* data, size_t n, CUstream_st* stream) override {
+    if (n == 0) return;
+    alive("all_reduce");
+    const size_t first = begin_timing(stream);
+    check_nccl(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream), "all_reduce");
+    // A non-blocking communicator may still be putting the call on the stream: an event recorded
+    // (or a step continued) before that would not follow it.
+    wait_enqueued("all_reduce");
+    end_timing(stream, first, true, n * sizeof(float));
+  }
+
+  void check_alive(const char* what) override {
+    alive(what);
+    poll_abort(what);
+  }
+
+  void settle() override {
+    double ms_total = 0.0;
+    for (size_t i = 0; i < timed_; ++i) {
+      float ms = 0.0f;
+      if (cudaEventElapsedTime(&ms, events_[i].first, events_[i].second) == cudaSuccess) ms_total += ms;
+    }
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.timed_calls += timed_;
+    stats_.seconds += ms_total * 1e-3;
+    timed_ = 0;
+  }
+
+  CollectiveStats stats() const override {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    return stats_;
   }
 
  private:
+  void alive(const char* what) const {
+    if (!comm_) throw TpUnavailable(fmt::format("tensor-parallel {}: the NCCL communicator was aborted", what));
+  }
+  // DSV41_TP_TIMING=1: an event pair around each call on its stream (a pool reused after settle()).
+  size_t begin_timing(cudaStream_t s) {
+    if (!timing_) return 0;
+    if (timed_ == events_.size()) {
+      cudaEvent_t a = nullptr, b = nullptr;
+      check_cuda(cudaEventCreate(&a), "timing event");
+      check_cuda(cudaEventCreate(&b), "timing event");
+      events_.emplace_back(a, b);
+    }
+    check_cuda(cudaEventRecord(events_[timed_].first, s), "timing event");
+    return timed_;
+  }
+  void end_timing(cudaStream_t s, size_t slot, bool reduce, size_t bytes) {
+    if (timing_) {
+      check_cuda(cudaEventRecord(events_[slot].second, s), "timing event");
+      timed_ = slot + 1;
+    }
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    (reduce ? stats_.all_reduce_calls : stats_.all_gather_calls) += 1;
+    (reduce ? stats_.all_reduce_bytes : stats_.all_gather_bytes) += bytes;
+  }
   void poll_abort(const char* what) {
     ncclResult_t st = ncclSuccess;
     ncclCommGetAsyncError(comm_, &st);
@@ -89,7 +168,7 @@ class NcclCollective final : public Collective {
   // A non-blocking communicator may return from a call (ncclInProgress) before the operation is
   // on the stream; until the communicator reports success the stream can look idle.
   void wait_enqueued(const char* what) {
-    DSV_CHECK(comm_ != nullptr, "tensor-parallel {}: the NCCL communicator was aborted", what);
+    alive(what);
     wait_comm(what);
   }
   void wait_comm(const char* what) {
@@ -98,30 +177,29 @@ class NcclCollective final : public Collective {
       ncclCommGetAsyncError(comm_, &st);
       if (st == ncclSuccess) return;
       poll_abort(what);
-      backoff(i);
+      poll_backoff(i);
     }
   }
   void wait_stream(const char* what) {
-    DSV_CHECK(comm_ != nullptr, "tensor-parallel {}: the NCCL communicator was aborted", what);
+    alive(what);
     for (int i = 0;; ++i) {
       const cudaError_t e = cudaStreamQuery(stream_);
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) check_cuda(e, what);
       poll_abort(what);
-      backoff(i);
+      poll_backoff(i);
     }
-  }
-  // A decode step's collectives take microseconds: spin first (a sleep costs ~100 µs or more
-  // on some kernels), then sleep so a long wait (prefill, a slow peer) does not burn a core.
-  static void backoff(int i) {
-    if (i < 2000) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 
   int rank_, world_;
   AbortCheck abort_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  bool timing_ = false;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
+  size_t timed_ = 0;  // event pairs recorded since the last settle()
+  mutable std::mutex stats_mu_;
+  CollectiveStats stats_;
 };
 
 }  // namespace
@@ -134,8 +212,8 @@ std::vector<uint8_t> nccl_unique_id() {
   return out;
 }
 
-std::unique_ptr<Collective> make_nccl_collective(int rank, int world, const std::vector<uint8_t>& unique_id,
-                                                 int device, AbortCheck abort) {
+std::unique_ptr<DeviceCollective> make_nccl_collective(int rank, int world, const std::vector<uint8_t>& unique_id,
+                                                       int device, AbortCheck abort) {
   return std::make_unique<NcclCollective>(rank, world, unique_id, device, std::move(abort));
 }
 

@@ -1,5 +1,6 @@
 #include "dist/tcp_collective.h"
 
+#include <chrono>
 #include <cstring>
 
 namespace dsv41::dist {
@@ -75,9 +76,29 @@ void TcpCollective::recv(int r, void* p, size_t n) {
   bytes_recv_ += n;
 }
 
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// Counts a call that returned normally (one that threw ends the run's collectives anyway).
+void count_call(std::mutex& mu, CollectiveStats& s, bool reduce, size_t bytes, Clock::time_point t0) {
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::lock_guard<std::mutex> lk(mu);
+  (reduce ? s.all_reduce_calls : s.all_gather_calls) += 1;
+  (reduce ? s.all_reduce_bytes : s.all_gather_bytes) += bytes;
+  s.timed_calls += 1;
+  s.seconds += dt;
+}
+}  // namespace
+
+CollectiveStats TcpCollective::stats() const {
+  std::lock_guard<std::mutex> lk(stats_mu_);
+  return stats_;
+}
+
 void TcpCollective::all_gather(const void* send_buf, std::span<const size_t> counts, void* out) {
   DSV_CHECK(counts.size() == static_cast<size_t>(world_), "all_gather: {} counts for world size {}", counts.size(),
             world_);
+  const auto t0 = Clock::now();
   std::vector<size_t> off(static_cast<size_t>(world_) + 1, 0);
   for (int r = 0; r < world_; ++r) off[r + 1] = off[r] + counts[r];
   auto* o = static_cast<uint8_t*>(out);
@@ -95,10 +116,12 @@ void TcpCollective::all_gather(const void* send_buf, std::span<const size_t> cou
     recv(0, o, off[rank_]);
     recv(0, o + off[rank_ + 1], off[world_] - off[rank_ + 1]);
   }
+  count_call(stats_mu_, stats_, false, off[world_], t0);
 }
 
 void TcpCollective::all_reduce_sum(float* data, size_t n) {
   if (world_ == 1 || n == 0) return;
+  const auto t0 = Clock::now();
   if (rank_ == 0) {
     std::vector<float> part(n);
     for (int r = 1; r < world_; ++r) {
@@ -110,6 +133,7 @@ void TcpCollective::all_reduce_sum(float* data, size_t n) {
     send(0, data, n * sizeof(float));
     recv(0, data, n * sizeof(float));
   }
+  count_call(stats_mu_, stats_, true, n * sizeof(float), t0);
 }
 
 }  // namespace dsv41::dist

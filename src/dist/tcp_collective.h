@@ -20,6 +20,7 @@ class TcpCollective final : public Collective {
   const char* backend() const override { return "tcp"; }
   void all_gather(const void* send, std::span<const size_t> counts, void* out) override;
   void all_reduce_sum(float* data, size_t n) override;
+  CollectiveStats stats() const override;
 
   // Rank 0: the socket to `peer`; other ranks: the socket to rank 0 (peer = 0).
   void attach(int peer, Socket s);
@@ -42,6 +43,8 @@ class TcpCollective final : public Collective {
   std::mutex mu_;  // attach/interrupt vs. each other (collectives run on one thread)
   AbortCheck abort_;
   uint64_t bytes_sent_ = 0, bytes_recv_ = 0;
+  mutable std::mutex stats_mu_;  // stats_ vs. a metrics reader
+  CollectiveStats stats_;
 };
 
 }  // namespace dsv41::dist

@@ -234,6 +234,7 @@ std::unique_ptr<TpModel> TpModel::start_cuda(const TpHeadOptions& o_in, model::C
 
 void TpModel::wait_for_workers(double timeout_s) { impl_->head->wait_ready(timeout_s); }
 std::string TpModel::unavailable_reason() const { return impl_->head->unavailable_reason(); }
+CollectiveStats TpModel::collective_stats() const { return impl_->nccl ? impl_->nccl->stats() : impl_->tcp->stats(); }
 const ModelConfig& TpModel::config() const { return impl_->local().config(); }
 bool TpModel::has_dspark() const { return impl_->cpu ? impl_->cpu->has_dspark() : impl_->cuda->has_dspark(); }
 

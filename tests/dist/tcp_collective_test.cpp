@@ -59,7 +59,20 @@ TEST(TcpCollective, AllGatherUnequalPartsAndAllReduceInRankOrder) {
     EXPECT_EQ(got[r], expect) << "rank " << r;
     // ((1e8 + 1) + 1 - 1e8 ...) in rank order: 1e8 + 0 + (-1e8) = 0; 1+1+1 = 3; 0+1+2 = 3
     EXPECT_EQ(sums[r], (std::vector<float>{0.0f, 3.0f, 3.0f})) << "rank " << r;
+    // What each rank's /metrics would count: one call of each, the whole gathered bytes, the
+    // reduced buffer once, both calls timed (TCP calls block).
+    const CollectiveStats st = t.c[r]->stats();
+    EXPECT_EQ(st.all_gather_calls, 1u) << "rank " << r;
+    EXPECT_EQ(st.all_gather_bytes, 8u) << "rank " << r;
+    EXPECT_EQ(st.all_reduce_calls, 1u) << "rank " << r;
+    EXPECT_EQ(st.all_reduce_bytes, 12u) << "rank " << r;
+    EXPECT_EQ(st.timed_calls, 2u) << "rank " << r;
+    EXPECT_GT(st.seconds, 0.0) << "rank " << r;
   }
+  const std::string text = format_collective_metrics(t.c[0]->stats());
+  EXPECT_NE(text.find("\ndsv41_tp_all_reduce_calls_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\ndsv41_tp_all_gather_bytes_total 8\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE dsv41_tp_collective_seconds_total counter"), std::string::npos) << text;
 }
 
 TEST(TcpCollective, ALostPeerThrowsRankLostNamingIt) {

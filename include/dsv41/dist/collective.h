@@ -35,6 +35,16 @@ class RankLost : public TpUnavailable {
   int rank_;
 };
 
+// What a collective moved since it was made, for /metrics. `seconds` is the time inside the
+// calls: host wall time for the TCP backend (its calls block); for NCCL, the device time between
+// events around each call on its stream (a wait for a late peer included), collected when the
+// caller's stream has passed them, and only with DSV41_TP_TIMING=1 (timed_calls counts those).
+struct CollectiveStats {
+  uint64_t all_reduce_calls = 0, all_reduce_bytes = 0, all_gather_calls = 0, all_gather_bytes = 0;
+  uint64_t timed_calls = 0;
+  double seconds = 0.0;
+};
+
 class Collective {
  public:
   virtual ~Collective() = default;
@@ -48,7 +58,12 @@ class Collective {
   // In place: data[i] = sum over ranks of data[i] (fp32). The TCP backend adds in rank order
   // 0, 1, ..., so results are reproducible run to run; NCCL's order is its own.
   virtual void all_reduce_sum(float* data, size_t n) = 0;
+  // Safe from any thread (the metrics endpoint reads it while steps run).
+  virtual CollectiveStats stats() const = 0;
 };
+
+// Prometheus text of a tensor-parallel run's collective counters (rank 0's view).
+std::string format_collective_metrics(const CollectiveStats& s);
 
 // Even split of `total` items over `world` ranks in units of `align` (the last unit may be short):
 // [begin, end) of `rank`. Ranks beyond the number of units get an empty range.

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "dsv41/dist/collective.h"
 #include "dsv41/model/cpu_model.h"
 #include "dsv41/model/cuda_model.h"
 #include "dsv41/model/model.h"
@@ -85,6 +86,8 @@ class TpModel final : public Model {
   void wait_for_workers(double timeout_s);
   // Empty when every rank is ready, else "rank R: reason".
   std::string unavailable_reason() const;
+  // This rank's collective counters (NCCL on the CUDA path, TCP on the CPU path), for /metrics.
+  CollectiveStats collective_stats() const;
 
   const ModelConfig& config() const override;
   std::unique_ptr<SeqState> new_sequence() const override;

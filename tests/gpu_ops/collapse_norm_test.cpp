@@ -3,7 +3,8 @@
 //    hc_collapse, rms_norm and act_quant8 applied one after the other, at 1 to 4 rows (one cluster
 //    of blocks per row), at 32 rows (the cluster form's limit) and at 33 and 64 rows (the two
 //    launches), with the weights of the attention site (pre, hc apart) and of the MoE site (mix
-//    rows, (2+hc)*hc apart), streams on and off the 16-byte grid;
+//    rows, (2+hc)*hc apart), streams on and off the 16-byte grid; and for every hc = 1..16 at 1, 2
+//    and 4 rows, with the fallback's two launches called directly and taken by the op past 32 rows;
 //  - rms_norm at few rows on both sides of the cluster form's lower width limit (rows of 2 and 3
 //    independent 512-element steps of the reference sum keep one block; the hidden width, a width
 //    with a partial last step, one with elements past the last step and a 40-step width take a
@@ -174,6 +175,81 @@ TEST(GpuCollapseNorm, RmsNormWideRowsRopeQdq8Exact) {
         sync_ok();
         expect_equal(what, dx.host<float>(), want);
         expect_guards(what, dx);
+      }
+    }
+  }
+}
+
+// How a collapse + RMSNorm case runs: the fused op (one cluster launch per row at decode sizes on a
+// device with clusters, else its fallback), or the fallback's two launches called directly
+// (hc_collapse, then rms_norm in place on its rows).
+enum class CollapseNormForm { Fused, TwoLaunches };
+
+// One case of n rows of hc streams of the config's hidden width, weights w_stride apart; the CPU
+// reference's hc_collapse then rms_norm (then act_quant8 when `codes`) is the oracle, bit for bit.
+void collapse_norm_case(const Shapes& s, int64_t hc, int64_t n, int64_t w_stride, bool codes, bool unaligned,
+                        CollapseNormForm form) {
+  const ModelConfig& c = s.cfg;
+  const int64_t dim = c.hidden_size, k = hc * dim;
+  const std::string what = s.name + (form == CollapseNormForm::Fused ? " fused" : " two launches") + " hc=" +
+                           std::to_string(hc) + " n=" + std::to_string(n) + " w_stride=" + std::to_string(w_stride) +
+                           (codes ? " codes" : "") + (unaligned ? " unaligned" : "");
+  SCOPED_TRACE(what);
+  Rng rng(static_cast<uint64_t>(hc * 1009 + n * 31 + w_stride * 3 + codes + (unaligned ? 7 : 0)));
+  const std::vector<float> h = rng.bf16_vec(static_cast<size_t>(n * k), 1.5f);
+  std::vector<float> w(static_cast<size_t>(n * w_stride));
+  for (float& v : w) v = rng.uniform(0.0f, 1.0f);  // sigmoid-range weights as the mix gives
+  const std::vector<float> nw = rng.bf16_vec(static_cast<size_t>(dim));
+  std::vector<float> want(static_cast<size_t>(n * dim)), xs(static_cast<size_t>(dim));
+  for (int64_t t = 0; t < n; ++t) {
+    model::hc_collapse(&h[t * k], &w[t * w_stride], hc, dim, xs.data());
+    model::rms_norm(xs.data(), nw.data(), dim, c.rms_norm_eps, &want[t * dim]);
+  }
+  std::vector<float> hp(h.size() + 1, 0.0f);
+  std::copy(h.begin(), h.end(), hp.begin() + 1);
+  Guarded dh = Guarded::from(unaligned ? hp : h), dw = Guarded::from(w), dnw = Guarded::from(nw);
+  Guarded dx(static_cast<size_t>(n * dim) * 4);
+  Guarded dcodes(static_cast<size_t>(n * dim), 0x7F), dscales(static_cast<size_t>(n * dim / 32) * 4);
+  const gpu::HcCollapseArgs ca{dh.as<float>() + (unaligned ? 1 : 0), dw.as<float>(), w_stride, n, hc, dim, dx.as<float>()};
+  gpu::RmsNormArgs na{dx.as<float>(), dim, dnw.as<float>(), dx.as<float>(), dim, n, dim, static_cast<float>(c.rms_norm_eps)};
+  if (codes) {
+    na.codes = dcodes.as<uint8_t>();
+    na.scales = dscales.as<float>();
+  }
+  if (form == CollapseNormForm::Fused) {
+    gpu::hc_collapse_rms_norm(ca, na, nullptr);
+  } else {
+    gpu::hc_collapse(ca, nullptr);
+    gpu::rms_norm(na, nullptr);
+  }
+  sync_ok();
+  expect_equal(what, dx.host<float>(), want);
+  expect_guards(what, dx);
+  if (codes) expect_codes(what, want, n, dim, dcodes, dscales);
+}
+
+// Every stream count the op takes (hc = 1..16; above 8 the cluster kernel collapses element by
+// element instead of in 16-byte vectors), at the decode batches 1, 2 and 4 (the real width takes a
+// cluster of blocks per row), with the weights of both sites (hc and (2+hc)*hc apart), streams on
+// and off the 16-byte grid.
+// The fallback: there is no switch that turns the cluster form off (it is chosen by the device's
+// cudaDevAttrClusterLaunch, the row count and the row width: kernels/ops/norm.cu
+// cluster_form_blocks), so its two launches are called directly at the same sizes, and the fused op
+// is run at 33 and 40 rows, past the cluster form's 32, where it takes them itself (hc_collapse and
+// the one-block-per-row RMSNorm a device without clusters runs at every row count; its rows are
+// independent, so 33 rows exercise the code one row would). The tiny width (one 512-element step)
+// takes the fallback at every row count.
+TEST(GpuCollapseNorm, EveryHcClusterAndFallbackExact) {
+  for (const Shapes& s : shape_sets()) {
+    for (int64_t hc = 1; hc <= 16; ++hc) {
+      for (int64_t w_stride : {hc, (2 + hc) * hc}) {
+        for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+          const bool codes = n != 2, unaligned = n == 2 && w_stride == hc;
+          collapse_norm_case(s, hc, n, w_stride, codes, unaligned, CollapseNormForm::Fused);
+          collapse_norm_case(s, hc, n, w_stride, !codes, unaligned, CollapseNormForm::TwoLaunches);
+        }
+        collapse_norm_case(s, hc, 33, w_stride, true, false, CollapseNormForm::Fused);
+        collapse_norm_case(s, hc, 40, w_stride, false, w_stride == hc, CollapseNormForm::Fused);
       }
     }
   }

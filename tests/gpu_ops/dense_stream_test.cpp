@@ -3,7 +3,9 @@
 // bf16 wkv, the index keys, weights_proj, the grouped wo_a, a head-like many-row call) for m = 1..4
 // and 7, whichever plan runs it (rows per tile, stages in flight, CTAs per SM: every plan must give
 // the same bits), with partial last 256-blocks, strided activations, output stride gaps and groups;
-// and the calls it declines.
+// and the calls it declines. The real decode calls exactly as their call sites make them (packed
+// rows): on the automatic plan (which must take them on an H200), on forced multi-stage plans of
+// CTAs walking several tiles; the head never streamed automatically.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,8 +47,11 @@ struct DenseProblem {
   DeviceBuffer dw, dx;
   std::vector<float> want;  // [m][groups*out]
 
-  DenseProblem(gpu::DenseType t, int64_t in_, int64_t out_, int64_t groups_, int64_t m_, int64_t x_pad, bool round_)
-      : wt(t), in(in_), out(out_), groups(groups_), m(m_), x_stride(groups_ * in_ + x_pad), y_stride(groups_ * out_ + 3),
+  // y_pad: output columns past each row's last that must stay untouched (0: packed rows, as the
+  // compressor's calls write them).
+  DenseProblem(gpu::DenseType t, int64_t in_, int64_t out_, int64_t groups_, int64_t m_, int64_t x_pad, bool round_,
+               int64_t y_pad = 3)
+      : wt(t), in(in_), out(out_), groups(groups_), m(m_), x_stride(groups_ * in_ + x_pad), y_stride(groups_ * out_ + y_pad),
         round(round_) {
     const bool bf = wt == gpu::DenseType::BF16;
     what = std::string(bf ? "linbf16 " : "linf32 ") + std::to_string(groups) + "x" + std::to_string(out) + "x" +
@@ -213,6 +218,121 @@ TEST(DenseStream, Declines) {
     p.check("off", false);
   }
   p.check("automatic", true);
+}
+
+// The decode calls of the real model exactly as their call sites make them (src/ops/gpu_compressor.cpp,
+// src/cuda_model/cuda_load.cpp and cuda_attention.cpp): the compressor's wkv and wgate (dim ->
+// head_dim; fp32 weights and fp32 outputs at ratio > 1, both the same shape; bf16 weights rounded
+// at ratio 1), its index keys (head_dim -> index_head_dim, bf16 or, from an fp32 checkpoint, fp32
+// weights, rounded) and weights_proj (dim -> index_n_heads, bf16, rounded), packed activation and
+// output rows. On the automatic plan for m = 1..4: on a device of the H200's size (>= 132 SMs, the
+// one the plan was measured on) each call must take the streaming kernel with one tile per CTA in
+// one wave, one stage; bit for bit with the CPU on any device.
+struct RealCall {
+  std::string name;
+  gpu::DenseType wt;
+  int64_t in, out;
+  bool round;
+};
+std::vector<RealCall> real_decode_calls(const ModelConfig& c) {
+  return {{"compressor wkv/wgate (ratio > 1)", gpu::DenseType::F32, c.hidden_size, c.head_dim, false},
+          {"compressor wkv (ratio 1)", gpu::DenseType::BF16, c.hidden_size, c.head_dim, true},
+          {"index keys", gpu::DenseType::BF16, c.head_dim, c.index_head_dim, true},
+          {"index keys (fp32)", gpu::DenseType::F32, c.head_dim, c.index_head_dim, true},
+          {"weights_proj", gpu::DenseType::BF16, c.hidden_size, c.index_n_heads, true}};
+}
+
+TEST(DenseStream, RealDecodeCallsAutomaticPlanMatchesCpu) {
+  StreamForce automatic(0, 0, 0, 0);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const ModelConfig& c = shape_sets()[0].cfg;
+  for (const RealCall& rc : real_decode_calls(c)) {
+    for (int64_t m = 1; m <= 4; ++m) {
+      DenseProblem p(rc.wt, rc.in, rc.out, 1, m, 0, rc.round, 0);
+      const std::string what = rc.name + " " + p.what;
+      SCOPED_TRACE(what);
+      Guarded probe(4);
+      raw::DenseStreamPlan plan;
+      const bool planned = raw::dense_stream_plan(p.args(probe.as<float>()), &plan);
+      if (planned) {
+        std::printf("  [plan]   %-60s rows/tile %d stages %d act rows %d threads %d tiles %lld ctas %lld smem %zu\n",
+                    what.c_str(), plan.rows_per_tile, plan.stages, plan.act_rows, plan.threads,
+                    static_cast<long long>(plan.tiles), static_cast<long long>(plan.ctas), plan.smem);
+        EXPECT_EQ(plan.ctas, plan.tiles) << "the automatic plan keeps to one tile per CTA";
+        EXPECT_EQ(plan.stages, 1);
+        EXPECT_EQ(plan.act_rows, m == 3 ? 4 : m);
+      } else {
+        std::printf("  [plan]   %-60s none on %d SMs\n", what.c_str(), sms);
+      }
+      if (sms >= 132) EXPECT_TRUE(planned) << "no one-wave plan on a device of " << sms << " SMs";
+      p.check("automatic", planned);
+    }
+  }
+}
+
+// The head (dim -> vocab, fp32 outputs, bf16 or fp32 weights; whole or one of two tensor-parallel
+// halves) never fits one wave: the automatic plan leaves it to lin_dense's other kernels at every
+// decode size (a head-like call forced onto the streaming kernel: ManyRowsStreamMatchesCpu). The
+// arguments are only planned (no weights read).
+TEST(DenseStream, HeadNotStreamedAutomatically) {
+  StreamForce automatic(0, 0, 0, 0);
+  const ModelConfig& c = shape_sets()[0].cfg;
+  DeviceBuffer w(256), x(static_cast<size_t>(4 * c.hidden_size) * 4), y(256);
+  for (gpu::DenseType t : {gpu::DenseType::BF16, gpu::DenseType::F32})
+    for (int64_t vocab : {c.vocab_size, c.vocab_size / 2})
+      for (int64_t m = 1; m <= 4; ++m) {
+        gpu::DenseArgs a;
+        a.w = w.get();
+        a.wt = t;
+        a.in = c.hidden_size;
+        a.out = vocab;
+        a.x = x.as<float>();
+        a.x_stride = c.hidden_size;
+        a.m = m;
+        a.y = y.as<float>();
+        a.y_stride = c.vocab_size;
+        a.round_bf16 = false;
+        EXPECT_FALSE(raw::dense_stream_takes(a)) << "head " << vocab << " rows m=" << m;
+      }
+}
+
+// The real decode calls on forced plans that the automatic one never picks: several tiles per CTA
+// (CTAs per SM capped at 1) with 2..4 tiles in flight, and one plan of many rows per tile; every
+// plan that fits the shared memory must give the CPU's bits. Per call at least two plans of several
+// stages must fit, and where the call has more weight rows than twice the SMs (the compressor's 512
+// on an H200) at least two of them must also have CTAs walk several tiles (calls of fewer rows than
+// SMs cannot: a CTA gets at least one tile; EveryPlanMatchesCpu walks tiles on such shapes).
+TEST(DenseStream, RealDecodeCallsMultiStagePlansMatchCpu) {
+  struct Force {
+    int rows, stages, cps;
+  };
+  const Force forces[] = {{1, 4, 1}, {2, 3, 1}, {2, 2, 1}, {4, 2, 1}, {1, 2, 1}, {16, 2, 0}};
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const ModelConfig& c = shape_sets()[0].cfg;
+  for (const RealCall& rc : real_decode_calls(c)) {
+    for (int64_t m = 1; m <= 4; ++m) {
+      DenseProblem p(rc.wt, rc.in, rc.out, 1, m, 0, rc.round, 0);
+      int staged = 0, walking = 0;
+      for (const Force& f : forces) {
+        StreamForce force(2, f.rows, f.stages, f.cps);
+        const std::string tag = rc.name + " r" + std::to_string(f.rows) + "s" + std::to_string(f.stages) + "c" + std::to_string(f.cps);
+        Guarded probe(4);
+        raw::DenseStreamPlan plan;
+        const bool fits = raw::dense_stream_plan(p.args(probe.as<float>()), &plan);
+        if (fits) {
+          EXPECT_EQ(plan.rows_per_tile, f.rows) << p.what << " " << tag;
+          EXPECT_EQ(plan.stages, f.stages) << p.what << " " << tag;
+          staged += plan.stages > 1;
+          walking += plan.stages > 1 && plan.tiles > plan.ctas;
+        }
+        p.check(tag, fits);
+      }
+      EXPECT_GE(staged, 2) << rc.name << " " << p.what;
+      if (rc.out > 2 * sms) EXPECT_GE(walking, 2) << rc.name << " " << p.what;
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // derived from the summation error of the two ways of adding a block; (3) one output's bits do not
 // depend on the row count, the CTA tile, the token tile a row lands in or the other parts of a
 // group; (4) calls with exact_block_sums keep the sequential kernels, bit-identical to the CPU.
+// All four again on K of whole blocks that ends in a partial 128-byte stage after full ones.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -365,6 +366,106 @@ TEST(GpuLin8TcGemm, ExactBlockSumsAndDispatch) {
   }
   g.lin[0].x_codes = qa.codes.as<uint8_t>() + 8;  // unaligned codes cannot take it
   EXPECT_FALSE(gpu::raw::lin8_tc_gemm_supported(g));
+}
+
+// K of whole 32-blocks that is no multiple of the 128-byte stage: full stages, then a last stage of
+// 1..3 blocks (the kernel breaks out of it after the last block and zero-fills the rest of the
+// copies). 416 = 3 full stages + 1 block (no more steps than pipeline stages), 1312 = 10 + 1,
+// 2144 = 16 + 3. Each on both tiles, at row counts of one, two and three token tiles of the
+// larger tile, one part and a group of two with ragged outputs.
+constexpr int64_t kPartialStageIns[] = {416, 1312, 2144};
+
+TEST(GpuLin8TcGemm, PartialLastStageBitExactWhenBlockSumsFit) {
+  for (int64_t in : kPartialStageIns) {
+    ASSERT_NE((in / 32) % 4, 0) << in;  // a partial last stage
+    for (int64_t m : {64, 129, 300}) {
+      exact_case("partial stage", in, {200, 37}, m, m != 129);
+      exact_case("partial stage", in, {96}, m, m == 129);
+    }
+  }
+}
+
+TEST(GpuLin8TcGemm, PartialLastStageWithinBound) {
+  for (int64_t in : kPartialStageIns)
+    for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
+      bound_case("partial stage", in, {200, 37}, 129, tile == 1, tile);
+      bound_case("partial stage", in, {96}, 300, tile == 2, tile);
+    }
+}
+
+TEST(GpuLin8TcGemm, PartialLastStageBatchTileAndGroupInvariant) {
+  invariance_case("partial stage", 1312, {200, 37}, 130);
+  invariance_case("partial stage", 2144, {96, 64}, 200);
+}
+
+// Sets the CUDA-core GEMM's row threshold and forced tile while in scope (the path of calls with
+// exact_block_sums).
+class SequentialGemmSettings {
+ public:
+  SequentialGemmSettings(int64_t min_rows, int tile)
+      : rows_(gpu::raw::set_lin8_gemm_min_rows(min_rows)), tile_(gpu::raw::set_lin8_gemm_tile(tile)) {}
+  ~SequentialGemmSettings() {
+    gpu::raw::set_lin8_gemm_min_rows(rows_);
+    gpu::raw::set_lin8_gemm_tile(tile_);
+  }
+  SequentialGemmSettings(const SequentialGemmSettings&) = delete;
+  SequentialGemmSettings& operator=(const SequentialGemmSettings&) = delete;
+
+ private:
+  int64_t rows_;
+  int tile_;
+};
+
+// (4) on the partial-stage K: calls with exact_block_sums, full-range codes, bit-identical to the
+// CPU on every path they can take: the GEMV kernel, the automatic choice, and each CUDA-core GEMM
+// tile forced (tiles 4 and 5 split K over 4 and 8 warp groups, which 13, 41 and 67 blocks leave
+// uneven). The tensor-core settings are set to take every row count: they must not matter.
+void sequential_case(const std::string& tag, int64_t in, const std::vector<int64_t>& outs, int64_t m, bool round_bf16) {
+  const std::string what = describe(tag, in, outs, m) + (round_bf16 ? " bf16" : " f32") + " exact_block_sums";
+  SCOPED_TRACE(what);
+  Rng rng(static_cast<uint64_t>(in * 23 + m * 11 + outs[0] * 7 + static_cast<int64_t>(outs.size())));
+  std::vector<std::unique_ptr<Weight>> ws;
+  std::vector<const Weight*> parts;
+  int64_t sum_out = 0;
+  for (int64_t o : outs) {
+    ws.push_back(make_weight(rng, in, o, false));
+    parts.push_back(ws.back().get());
+    sum_out += o;
+  }
+  const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
+  QuantAct qa(x, m, in);
+  const std::vector<int64_t> rows = checked_rows(m, in * sum_out);
+  std::vector<std::vector<float>> want;
+  for (const Weight* w : parts) want.push_back(cpu_rows(*w, x, rows, round_bf16));
+  TcSettings tc(1, 0);
+  auto check = [&](const std::string& label) {
+    const std::string wt = what + " " + label;
+    const auto got = run(wt, parts, qa, 0, m, round_bf16, true);
+    for (size_t p = 0; p < parts.size(); ++p)
+      expect_equal(wt + " part " + std::to_string(p) + " vs cpu", pick_rows(got[p], outs[p], rows), want[p]);
+  };
+  {
+    SequentialGemmSettings gemv(kNever, 0);
+    EXPECT_FALSE(gpu::raw::lin8_gemm_takes(group_args(parts, qa, 0, m, round_bf16, true)));
+    check("gemv");
+  }
+  {
+    SequentialGemmSettings automatic(gpu::raw::kLin8GemmMinRows, 0);
+    check("automatic");
+  }
+  for (int tile = 1; tile <= 5; ++tile) {
+    SequentialGemmSettings forced(1, tile);
+    EXPECT_TRUE(gpu::raw::lin8_gemm_takes(group_args(parts, qa, 0, m, round_bf16, true)));
+    check("cuda-core gemm tile " + std::to_string(tile));
+  }
+}
+
+TEST(GpuLin8TcGemm, PartialLastStageExactBlockSumsMatchCpu) {
+  for (int64_t in : kPartialStageIns)
+    for (int64_t m : {64, 129}) {
+      sequential_case("partial stage", in, {200, 37}, m, m == 64);
+      sequential_case("partial stage", in, {96}, m, m != 64);
+    }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "rule_helpers.h"
 #include "serve_fixture.h"
 #include "http_client.h"
+#include "../support/openai_answers.h"
 
 using namespace dsv41;
 using test_support::ServedRuleModel;
@@ -146,13 +147,7 @@ TEST(Api, BadInputGetsOpenAiErrors) {
   ServedRuleModel s;
   auto expect_error = [&](const std::string& path, const std::string& body, int status, const std::string& code_or_empty) {
     auto r = s.call("POST", path, body);
-    EXPECT_EQ(r.status, status) << body << " -> " << r.body;
-    J b = J::parse(r.body);
-    ASSERT_TRUE(b.contains("error")) << r.body;
-    EXPECT_TRUE(b["error"]["message"].is_string());
-    EXPECT_TRUE(b["error"]["type"].is_string());
-    EXPECT_TRUE(b["error"].contains("param") && b["error"].contains("code"));
-    if (!code_or_empty.empty()) EXPECT_EQ(b["error"]["code"], code_or_empty) << r.body;
+    EXPECT_TRUE(test::is_openai_error(r.status, r.body, status, code_or_empty)) << body;
   };
   expect_error("/v1/completions", "{not json", 400, "");
   expect_error("/v1/completions", "[1,2]", 400, "");

@@ -14,6 +14,7 @@
 #include "dsv41/loader/safetensors.h"
 #include "dsv41/model/cpu_model.h"
 #include "http_client.h"
+#include "../support/openai_answers.h"
 #include "../support/process.h"
 #include "../support/run_cli.h"
 #include "sched/scheduler.h"
@@ -106,17 +107,6 @@ struct EngineServer {
   std::unique_ptr<serve::HttpServer> http;
 };
 
-std::vector<int32_t> stream_ids(const std::string& body) {
-  std::vector<int32_t> ids;
-  for (auto& e : test_support::sse_events(body)) {
-    if (e == "[DONE]") continue;
-    const J chunk = J::parse(e);
-    for (auto& c : chunk["choices"])
-      if (c.contains("token_ids")) for (auto& x : c["token_ids"]) ids.push_back(x.get<int32_t>());
-  }
-  return ids;
-}
-
 }  // namespace
 
 TEST(EndToEnd, GreedyIdsThroughTheApiEqualTheLogitsTool) {
@@ -140,7 +130,7 @@ TEST(EndToEnd, GreedyIdsThroughTheApiEqualTheLogitsTool) {
   req["stream"] = true;
   auto rs = test_support::http_request(port, "POST", "/v1/completions", req.dump());
   ASSERT_EQ(rs.status, 200);
-  EXPECT_EQ(stream_ids(rs.body), expect);
+  EXPECT_EQ(test::streamed_ids(rs), expect);
   // Seeded sampling is reproducible on the real engine.
   J sampled = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 1.0}, {"top_p", 0.9}, {"seed", 5}, {"return_token_ids", true}};
   auto a = test_support::http_request(port, "POST", "/v1/completions", sampled.dump());

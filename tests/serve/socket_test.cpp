@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "http_client.h"
+#include "../support/openai_answers.h"
 #include "rule_helpers.h"
 #include "serve_fixture.h"
 
@@ -89,18 +90,11 @@ TEST(Socket, SixtyFourStreamsWithRandomDisconnects) {
         }
         if (eof) break;
       }
-      auto res = test_support::parse_response(raw);
-      auto ev = test_support::sse_events(res.body);
-      std::vector<int32_t> ids;
-      for (auto& e : ev) {
-        if (e == "[DONE]") continue;
-        const J chunk = J::parse(e);
-        for (auto& c : chunk["choices"])
-          if (c.contains("token_ids")) for (auto& x : c["token_ids"]) ids.push_back(x.get<int32_t>());
-      }
-      const bool good = res.status == 200 && !ev.empty() && ev.back() == "[DONE]" && ids == test_support::rule_greedy(*s.model, prompt, 40);
+      const test::StreamedAnswer a = test::parse_stream(test_support::parse_response(raw));
+      const bool good = a.status == 200 && a.done && a.choices.size() == 1 &&
+                        a.choices[0].ids == test_support::rule_greedy(*s.model, prompt, 40);
       outcome[i] = good ? 1 : (drop ? 2 : 0);  // a dropper may finish before reaching its byte count
-      if (!good) why[i] = "status " + std::to_string(res.status) + " events " + std::to_string(ev.size());
+      if (!good) why[i] = "status " + std::to_string(a.status) + " events " + std::to_string(a.events);
     });
   }
   for (auto& t : threads) t.join();

@@ -16,6 +16,7 @@ void poll_backoff(int i) {
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -45,14 +46,33 @@ class NcclCollective final : public DeviceCollective {
     std::memcpy(&uid, id.data(), sizeof(uid));
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // Every connection is made while the communicator forms, where a lost peer can still abort
+    // it (below), not lazily inside the first collective of each kind (NCCL's runtime connect),
+    // which the blocking data communicator could not leave. A value the user set is kept.
+    static std::once_flag connect_at_init;
+    std::call_once(connect_at_init, [] { setenv("NCCL_RUNTIME_CONNECT", "0", 0); });
     // Non-blocking init so a peer that never arrives cannot hang us: poll like every other call.
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
-    check_nccl(ncclCommInitRankConfig(&comm_, world, uid, rank, &cfg), "init");
-    wait_comm("init");
+    check_nccl(ncclCommInitRankConfig(&init_, world, uid, rank, &cfg), "init");
+    wait_init("init", nullptr);
+    // Each call on a non-blocking communicator is launched from a thread NCCL starts for it while
+    // the caller polls: ~0.1 ms of host time per all-reduce on the H200 host, more than a decode
+    // step's kernels between two all-reduces. The collectives therefore run on a blocking child
+    // communicator (same ranks), split off inside a group so that the split itself runs in the
+    // background like the init and stays abortable.
+    ncclConfig_t data_cfg = NCCL_CONFIG_INITIALIZER;
+    data_cfg.blocking = 1;
+    check_nccl(ncclGroupStart(), "group start");
+    const ncclResult_t split = ncclCommSplit(init_, 0, rank, &comm_, &data_cfg);
+    const ncclResult_t end = ncclGroupEnd();
+    check_nccl(split, "split");
+    check_nccl(end, "split");
+    wait_init("split", &comm_);
   }
   ~NcclCollective() override {
     if (comm_) ncclCommAbort(comm_);
+    if (init_) ncclCommAbort(init_);
     for (auto& [a, b] : events_) {
       cudaEventDestroy(a);
       cudaEventDestroy(b);
@@ -78,7 +98,6 @@ class NcclCollective final : public DeviceCollective {
       off += counts[r];
     }
     check_nccl(ncclGroupEnd(), "group end");
-    wait_enqueued("all_gather");
     end_timing(stream_, first, false, off);
     wait_stream("all_gather");
     settle();
@@ -94,10 +113,8 @@ class NcclCollective final : public DeviceCollective {
     if (n == 0) return;
     alive("all_reduce");
     const size_t first = begin_timing(stream);
+    // Blocking communicator: the call returns with the operation on the stream.
     check_nccl(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream), "all_reduce");
-    // A non-blocking communicator may still be putting the call on the stream: an event recorded
-    // (or a step continued) before that would not follow it.
-    wait_enqueued("all_reduce");
     end_timing(stream, first, true, n * sizeof(float));
   }
 
@@ -148,35 +165,54 @@ class NcclCollective final : public DeviceCollective {
     (reduce ? stats_.all_reduce_calls : stats_.all_gather_calls) += 1;
     (reduce ? stats_.all_reduce_bytes : stats_.all_gather_bytes) += bytes;
   }
+  // Aborts both communicators (ending any of their kernels) and forgets them.
+  void abort_all() {
+    if (comm_) ncclCommAbort(comm_);
+    if (init_) ncclCommAbort(init_);
+    comm_ = init_ = nullptr;
+  }
   void poll_abort(const char* what) {
     ncclResult_t st = ncclSuccess;
     ncclCommGetAsyncError(comm_, &st);
     if (st != ncclSuccess && st != ncclInProgress) {
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
+      abort_all();
       check_nccl(st, what);
     }
     if (abort_) {
       const std::string why = abort_();
       if (!why.empty()) {
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
+        abort_all();
         throw TpUnavailable(fmt::format("tensor-parallel {} aborted: {}", what, why));
       }
     }
   }
-  // A non-blocking communicator may return from a call (ncclInProgress) before the operation is
-  // on the stream; until the communicator reports success the stream can look idle.
-  void wait_enqueued(const char* what) {
-    alive(what);
-    wait_comm(what);
-  }
-  void wait_comm(const char* what) {
+  // Waits for a background init or split on init_: `child` (the split's output, written by
+  // NCCL's thread when it is done) null for the init itself. Errors and the abort check end it.
+  void wait_init(const char* what, ncclComm_t* child) {
     for (int i = 0;; ++i) {
       ncclResult_t st = ncclInProgress;
-      ncclCommGetAsyncError(comm_, &st);
-      if (st == ncclSuccess) return;
-      poll_abort(what);
+      ncclCommGetAsyncError(init_, &st);
+      const ncclComm_t made = child ? std::atomic_ref<ncclComm_t>(*child).load() : nullptr;
+      if (st == ncclSuccess && (!child || made)) {
+        if (!child) return;
+        ncclResult_t cst = ncclInProgress;
+        ncclCommGetAsyncError(made, &cst);
+        if (cst == ncclSuccess) return;
+        if (cst != ncclInProgress) {
+          abort_all();
+          check_nccl(cst, what);
+        }
+      } else if (st != ncclInProgress && st != ncclSuccess) {
+        abort_all();
+        check_nccl(st, what);
+      }
+      if (abort_) {
+        const std::string why = abort_();
+        if (!why.empty()) {
+          abort_all();
+          throw TpUnavailable(fmt::format("tensor-parallel {} aborted: {}", what, why));
+        }
+      }
       poll_backoff(i);
     }
   }
@@ -193,7 +229,8 @@ class NcclCollective final : public DeviceCollective {
 
   int rank_, world_;
   AbortCheck abort_;
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t init_ = nullptr;  // non-blocking: formed in the background, abortable
+  ncclComm_t comm_ = nullptr;  // its blocking child: the collectives
   cudaStream_t stream_ = nullptr;
   bool timing_ = false;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;

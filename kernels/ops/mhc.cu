@@ -163,22 +163,26 @@ __device__ __forceinline__ void split_warp(const HcMixArgs& a, int64_t t, int la
   const float sg = dev::torch_sigmoid(__fadd_rn(__fmul_rn(pp, a.scale[is_pre ? 0 : 1]), a.base[pl]), pi < vec);
   const float out_pp = is_pre ? __fadd_rn(sg, eps) : __fmul_rn(2.0f, sg);
   const int r = cl / HC, col = cl % HC;
+  // The reference's sums start from 0.0f; 0.0f + g[0] is g[0] for every g[0] but -0.0f, and the
+  // comb entries summed here are never -0.0f (exp results, >= +0, and quotients of them by
+  // positive sums, plus eps > 0), so each sum starts at g[0]: one add less per half round of the
+  // Sinkhorn's dependent chain (shuffles, the adds, eps, the division, the next shuffles).
   auto row_sum = [&](float v) {
     float g[HC];
 #pragma unroll
     for (int j = 0; j < HC; ++j) g[j] = __shfl_sync(dev::kFull, v, r * HC + j);
-    float s = 0.0f;
+    float s = g[0];
 #pragma unroll
-    for (int j = 0; j < HC; ++j) s = __fadd_rn(s, g[j]);
+    for (int j = 1; j < HC; ++j) s = __fadd_rn(s, g[j]);
     return s;
   };
   auto col_norm = [&] {
     float g[HC];
 #pragma unroll
     for (int j = 0; j < HC; ++j) g[j] = __shfl_sync(dev::kFull, c, j * HC + col);
-    float s = 0.0f;
+    float s = g[0];
 #pragma unroll
-    for (int j = 0; j < HC; ++j) s = __fadd_rn(s, g[j]);
+    for (int j = 1; j < HC; ++j) s = __fadd_rn(s, g[j]);
     c = __fdiv_rn(c, __fadd_rn(s, eps));
   };
   {  // softmax row normalisation
@@ -250,25 +254,172 @@ __device__ __forceinline__ void stage_swizzled_async(float* dst, const float* sr
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-// torch_sum_cascade (ops_common.cuh) with the step partials read in batches ahead of the adds (the
-// same fold order; the fold tests depend on the step index only).
-template <class F>
-__device__ float torch_sum_cascade_ahead(F value, int64_t n, const float* scratch) {
-  const dev::TorchSumShape s = dev::torch_sum_shape(n);
+// ---- the mix chains from the staged rows ----
+// hc_gemm_dot's part chains (acc = fmaf(w[j], h[j], acc) from zero, j in element order) over two
+// rows in the chain_swizzle layout. 32-bit offsets throughout (a staged row fits shared memory).
+// 256-element block s holds element 4*q + e (step q, e < 4) in 16-byte chunk q ^ (s & 7).
+
+// chain_swizzle with 32-bit arithmetic.
+__device__ __forceinline__ int chain_swizzle32(int i) {
+  const int s = i >> 8;
+  return (s << 8) + ((((i >> 2) & 63) ^ (s & 7)) << 2) + (i & 3);
+}
+
+__device__ __forceinline__ float fma4(float4 w, float4 h, float acc) {
+  acc = fmaf(w.x, h.x, acc);
+  acc = fmaf(w.y, h.y, acc);
+  acc = fmaf(w.z, h.z, acc);
+  return fmaf(w.w, h.w, acc);
+}
+
+// Steps loaded ahead of the fmas in the source (shared-memory loads take ~30 cycles unloaded, a
+// step's four dependent fmas 16). ptxas re-schedules the unrolled block to about one step ahead
+// (sm_90a SASS); keeping the loads a whole 4-step set ahead by construction took 104 registers and
+// measured no faster (see hc_mix_dots_staged_kernel).
+constexpr int kChainAhead = 6;
+
+// The chain over all 64 steps of block s, continuing from acc. Fully unrolled: the chunk index is
+// one of eight per-thread values (u ^ (s & 7), u = q % 8) plus the compile-time 8 * (q / 8), so
+// every load is one LDS.128 at a register plus an immediate offset, with no address arithmetic and
+// no bound check between steps (the per-step cost that the former loop paid: ~10 integer
+// instructions of 64-bit swizzled address and a 64-bit compare and branch).
+__device__ __forceinline__ float chain_block_full(const float* w, const float* h, int s, float acc) {
+  const float4* w4 = reinterpret_cast<const float4*>(w) + (s << 6);
+  const float4* h4 = reinterpret_cast<const float4*>(h) + (s << 6);
+  const int x = s & 7;
+  int chunk[8];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) chunk[u] = u ^ x;
+  auto at = [&](int q) { return ((q >> 3) << 3) + chunk[q & 7]; };
+  float4 rw[kChainAhead], rh[kChainAhead];
+#pragma unroll
+  for (int q = 0; q < kChainAhead; ++q) {
+    rw[q] = w4[at(q)];
+    rh[q] = h4[at(q)];
+  }
+#pragma unroll
+  for (int q = 0; q < 64; ++q) {
+    const float4 vw = rw[q % kChainAhead], vh = rh[q % kChainAhead];
+    if (q + kChainAhead < 64) {
+      rw[q % kChainAhead] = w4[at(q + kChainAhead)];
+      rh[q % kChainAhead] = h4[at(q + kChainAhead)];
+    }
+    acc = fma4(vw, vh, acc);
+  }
+  return acc;
+}
+
+// Steps [q0, q1) of block s (q0 < q1), continuing from acc: the block pieces of the blocked and
+// P orders (prefill), one step's loads ahead.
+__device__ __forceinline__ float chain_block_steps(const float* w, const float* h, int s, int q0, int q1, float acc) {
+  const float4* w4 = reinterpret_cast<const float4*>(w) + (s << 6);
+  const float4* h4 = reinterpret_cast<const float4*>(h) + (s << 6);
+  const int x = s & 7;
+  float4 nw = w4[q0 ^ x], nh = h4[q0 ^ x];
+  for (int q = q0; q < q1; ++q) {
+    const float4 vw = nw, vh = nh;
+    if (q + 1 < q1) {
+      nw = w4[(q + 1) ^ x];
+      nh = h4[(q + 1) ^ x];
+    }
+    acc = fma4(vw, vh, acc);
+  }
+  return acc;
+}
+
+// The chain over elements [k0, k1) (k0 a multiple of 4): whole four-element steps block by block,
+// then the last k1 - k0 mod 4 elements one by one - the element order of dev::swizzled_chain_dot.
+__device__ __forceinline__ float mix_chain(const float* w, const float* h, int k0, int k1) {
+  float acc = 0.0f;
+  const int k4 = k0 + ((k1 - k0) & ~3);
+  int j = k0;
+  while (j < k4) {
+    const int s = j >> 8, b0 = s << 8, e = k4 < b0 + 256 ? k4 : b0 + 256;
+    acc = j == b0 && e == b0 + 256 ? chain_block_full(w, h, s, acc)
+                                   : chain_block_steps(w, h, s, (j - b0) >> 2, (e - b0) >> 2, acc);
+    j = e;
+  }
+  for (; j < k1; ++j) acc = fmaf(w[chain_swizzle32(j)], h[chain_swizzle32(j)], acc);
+  return acc;
+}
+
+// ---- the stream rsqrt statistic from the staged stream row ----
+// dev::torch_sum_partials of the squares of the staged row sh (chain_swizzle layout), the same
+// adds in the same order: warp w of nw forms the partials of steps w, w+nw, ... (step `groups` =
+// the tail) of the 32 chains (lane = chain). A batch of 16 chain elements (i + u) * 32 + lane,
+// u < 16, with i a multiple of 16 covers the 512 elements from i * 32: blocks s0 = i / 8 (even)
+// and s0 + 1, where element u * 32 + lane of a block sits at u * 32 + (((lane / 4) ^ (s & 7)) * 4
+// + lane % 4) - one per-lane offset per block plus compile-time multiples of 32, so the batch's
+// loads need no per-element address arithmetic.
+__device__ __forceinline__ void staged_square_partials(const float* sh, int n, int w, int nw, float* scratch) {
+  const dev::TorchSumShape shape = dev::torch_sum_shape(n);
+  const int step = static_cast<int>(shape.step), size_ilp = static_cast<int>(shape.size_ilp);
+  const int groups = static_cast<int>(shape.groups);
   const int lane = threadIdx.x & 31;
-  dev::TorchCascade c;
+  auto square = [&](int j) {
+    const float v = sh[chain_swizzle32(j)];
+    return __fmul_rn(v, v);
+  };
+  for (int g = w; g <= groups; g += nw) {
+    const int i0 = g * step, i1 = i0 + step < size_ilp ? i0 + step : size_ilp;
+    float acc = 0.0f;
+    int i = i0;
+    for (; i + 16 <= i1; i += 16) {  // i0 is a multiple of step, itself of 16
+      const int s0 = i >> 3;
+      const float* p0 = sh + (s0 << 8) + ((((lane >> 2) ^ (s0 & 7)) << 2) | (lane & 3));
+      const float* p1 = sh + ((s0 + 1) << 8) + ((((lane >> 2) ^ ((s0 + 1) & 7)) << 2) | (lane & 3));
+      float v[16];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        v[u] = p0[u * 32];
+        v[8 + u] = p1[u * 32];
+      }
+#pragma unroll
+      for (int u = 0; u < 16; ++u) acc = __fadd_rn(acc, __fmul_rn(v[u], v[u]));
+    }
+    for (; i < i1; ++i) acc = __fadd_rn(acc, square(i * 32 + lane));
+    scratch[g * 32 + lane] = acc;
+  }
+}
+
+// dev::torch_sum_cascade over those partials by one warp, in 32-bit arithmetic (a staged row has
+// far fewer than 2^31 elements), the partials read in batches ahead of the adds: dev::TorchCascade's
+// fold - step g's partial joins level 1; a level passes its sum up and restarts when the chain
+// position after the step is a multiple of that level's span - then the tail, the levels from the
+// lowest, and dev::torch_sum_finish. Every lane returns the total.
+__device__ float staged_square_cascade(const float* sh, int n, const float* scratch) {
+  const dev::TorchSumShape shape = dev::torch_sum_shape(n);
+  const int lp = static_cast<int>(shape.lp), groups = static_cast<int>(shape.groups);
+  const unsigned mask = static_cast<unsigned>(shape.step) - 1u;
+  const unsigned mask1 = mask << lp, mask2 = mask << (2 * lp);
+  const int lane = threadIdx.x & 31;
+  float acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
   constexpr int kBatch = 8;
-  for (int64_t g0 = 0; g0 < s.groups; g0 += kBatch) {
+  for (int g0 = 0; g0 < groups; g0 += kBatch) {
     float v[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = g0 + u < s.groups ? scratch[(g0 + u) * 32 + lane] : 0.0f;
+    for (int u = 0; u < kBatch; ++u) v[u] = g0 + u < groups ? scratch[(g0 + u) * 32 + lane] : 0.0f;
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      if (g0 + u >= s.groups) break;
-      c.add(s, g0 + u, v[u]);
+      if (g0 + u >= groups) break;
+      const unsigned i = static_cast<unsigned>(g0 + u + 1) << lp;  // the chain position after the step
+      acc1 = __fadd_rn(acc1, v[u]);
+      if ((i & mask1) != 0) continue;
+      acc2 = __fadd_rn(acc2, acc1);
+      acc1 = 0.0f;
+      if ((i & mask2) != 0) continue;
+      acc3 = __fadd_rn(acc3, acc2);
+      acc2 = 0.0f;
     }
   }
-  return dev::torch_sum_finish(value, n, c.total(scratch[s.groups * 32 + lane]));
+  float acc0 = __fadd_rn(scratch[groups * 32 + lane], acc1);
+  acc0 = __fadd_rn(acc0, acc2);
+  acc0 = __fadd_rn(acc0, acc3);
+  auto square = [&](int64_t j) {
+    const float x = sh[chain_swizzle32(static_cast<int>(j))];
+    return __fmul_rn(x, x);
+  };
+  return dev::torch_sum_finish(square, n, acc0);
 }
 
 // Named barrier 1 among `count` warps of the block (each of them calls it).
@@ -286,11 +437,14 @@ __device__ __forceinline__ void warps_barrier(int count) {
 // acquire-release atomic; the warp whose count completes the token runs its Sinkhorn split at once
 // (no block barrier: the other warps have left).
 // Where the time goes (H200, one token of the real shapes, mix rows from DRAM, phase stamps):
-// staging 3.4 µs, the 80 fma chains of 256 3.7 µs (about 28 cycles per fma, the same with their
-// shared-memory loads issued a batch ahead: the next thing to look at), the K-ordered sum 0.6, the
-// count 0.8, the split 3.4 (19 Sinkhorn rounds 2.2 of it); 12.2 µs in all against 14.4 before
-// (register-batched staging, the cascade after the chains, a block barrier and fence before the
-// split).
+// staging 3.4 µs, the 80 fma chains of 256 3.7 µs (about 28 cycles per fma), the K-ordered sum
+// 0.6, the count 0.8, the split 3.4 (19 Sinkhorn rounds 2.2 of it). The chains then computed every
+// swizzled address in 64-bit arithmetic and loaded each step just before its fmas, and the
+// statistic's warps spent ~6 integer instructions per element on addresses, taking issue slots
+// from the chains; with mix_chain (immediate-offset loads, no per-step address or bound work) and
+// staged_square_partials (immediate-offset loads) a mix call takes 9.4 against 10.7 µs (m = 1,
+// CUDA graph; 10.1 against 11.3 at m = 4). A variant with the loads a whole 4-step set ahead
+// (104 registers) measured the same alone and no better inside decode steps.
 __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMixArgs a) {
   extern __shared__ float4 smem_f4[];
   const int64_t i = blockIdx.x, t = blockIdx.y;
@@ -309,20 +463,16 @@ __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMi
   __syncthreads();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
   const int sum_warp = static_cast<int>((parts + 31) / 32);  // the first warp without a part
-  auto square = [&](int64_t j) {
-    const float v = sh[dev::chain_swizzle(j)];
-    return __fmul_rn(v, v);
-  };
   if (tid < parts) {
     int64_t k0, k1;
     mix_part_range(a, k, tid, k0, k1);
-    part[tid] = dev::swizzled_chain_dot(sw, sh, k0, k1);
+    part[tid] = mix_chain(sw, sh, static_cast<int>(k0), static_cast<int>(k1));
   } else if (warp >= sum_warp) {
     const int stat_warps = kStagedThreads / 32 - sum_warp;
-    dev::torch_sum_partials(square, k, warp - sum_warp, stat_warps, scratch);
+    staged_square_partials(sh, static_cast<int>(k), warp - sum_warp, stat_warps, scratch);
     warps_barrier(stat_warps);  // the statistic's warps only: the chains run on
     if (warp == sum_warp) {
-      const float sum = torch_sum_cascade_ahead(square, k, scratch);
+      const float sum = staged_square_cascade(sh, static_cast<int>(k), scratch);
       if (lane == 0) s_rsqrt = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, static_cast<float>(k)), a.norm_eps)));
     }
   }

@@ -51,8 +51,12 @@ TEST(GpuOpsLatency, RmsNormFewRowsUnalignedInPlace) {
   }
 }
 
-// hc_mix at decode-sized batches and at 33 tokens (staged dots for parts of 256, the unstaged form
+// hc_mix at decode-sized batches (1 to 4 tokens) and at 33 tokens (staged dots for parts of 256, the unstaged form
 // for P parts and the blocked order, whose 54 parts at the real K exceed a warp), with the K partitions and sigmoid paths of HcMixSigmoidPathsExact; bit-exact.
+// The staged chains take whole 256-element blocks (parts of 256, the blocked order's middle) and
+// block pieces (P parts, the blocked order) on separate code paths; both run here. The 3- and
+// 4-token calls with every sigmoid vectorised reuse tokens whose Sinkhorn exps the other calls
+// already check (see the seed note below).
 // Each call runs as separate dots and split launches and with the split in the dots' launch
 // (HcMixArgs::counters, the decode form), which must also leave its counters zeroed.
 TEST(GpuOpsLatency, HcMixFewTokensExact) {
@@ -78,7 +82,7 @@ TEST(GpuOpsLatency, HcMixFewTokensExact) {
       bool unaligned;
     } calls[] = {{1, 0, 1, 0, false},  {1, 0, -1, 0, true}, {2, 0, 2, 0, false}, {4, 7, 300, 3, false},
                  {4, 0, 4, 1, true},   {3, 2, 9, 5, false}, {33, 0, 33, 0, false}, {33, 0, 40, 3, false},
-                 {4, 0, 300, -1, true}, {33, 0, 300, -1, false}};
+                 {4, 0, 300, -1, true}, {33, 0, 300, -1, false}, {3, 0, -1, 0, false}, {4, 0, -1, 0, false}};
     for (const auto& call : calls) {
       const int64_t n = call.n;
       const std::string what = s.name + " mix n=" + std::to_string(n) + " t_ref0=" + std::to_string(call.t_ref0) +

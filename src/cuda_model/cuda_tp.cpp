@@ -65,32 +65,29 @@ const int32_t* Impl::tp_local_expert_ids(const GpuBlock& b, int64_t pairs) {
   return tp_ids.as<int32_t>();
 }
 
-void Impl::sync_stream(const char* what) {
-  if (!tp) {
-    gpu::check_cuda(cudaStreamSynchronize(stream), what);
-    return;
-  }
+namespace {
+// Polls `query` (cudaStreamQuery / cudaEventQuery of the work waited for) until it is done,
+// checking the collective between polls.
+template <class Query>
+void poll_until_done(dist::DeviceCollective& tp, Query query, const char* what) {
   for (int i = 0;; ++i) {
-    const cudaError_t e = cudaStreamQuery(stream);
+    const cudaError_t e = query();
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) gpu::check_cuda(e, what);
-    tp->check_alive(what);
+    tp.check_alive(what);
     dist::poll_backoff(i);
   }
 }
+}  // namespace
+
+void Impl::sync_stream(const char* what) {
+  if (!tp) gpu::check_cuda(cudaStreamSynchronize(stream), what);
+  else poll_until_done(*tp, [&] { return cudaStreamQuery(stream); }, what);
+}
 
 void Impl::sync_event(cudaEvent_t ev, const char* what) {
-  if (!tp) {
-    gpu::check_cuda(cudaEventSynchronize(ev), what);
-    return;
-  }
-  for (int i = 0;; ++i) {
-    const cudaError_t e = cudaEventQuery(ev);
-    if (e == cudaSuccess) return;
-    if (e != cudaErrorNotReady) gpu::check_cuda(e, what);
-    tp->check_alive(what);
-    dist::poll_backoff(i);
-  }
+  if (!tp) gpu::check_cuda(cudaEventSynchronize(ev), what);
+  else poll_until_done(*tp, [&] { return cudaEventQuery(ev); }, what);
 }
 
 void Impl::step_done(const char* what) {

@@ -178,13 +178,15 @@ class NcclCollective final : public DeviceCollective {
       abort_all();
       check_nccl(st, what);
     }
-    if (abort_) {
-      const std::string why = abort_();
-      if (!why.empty()) {
-        abort_all();
-        throw TpUnavailable(fmt::format("tensor-parallel {} aborted: {}", what, why));
-      }
-    }
+    check_abort(what);
+  }
+  // The abort check (heartbeat monitor): a non-empty reason aborts and throws.
+  void check_abort(const char* what) {
+    if (!abort_) return;
+    const std::string why = abort_();
+    if (why.empty()) return;
+    abort_all();
+    throw TpUnavailable(fmt::format("tensor-parallel {} aborted: {}", what, why));
   }
   // Waits for a background init or split on init_: `child` (the split's output, written by
   // NCCL's thread when it is done) null for the init itself. Errors and the abort check end it.
@@ -206,13 +208,7 @@ class NcclCollective final : public DeviceCollective {
         abort_all();
         check_nccl(st, what);
       }
-      if (abort_) {
-        const std::string why = abort_();
-        if (!why.empty()) {
-          abort_all();
-          throw TpUnavailable(fmt::format("tensor-parallel {} aborted: {}", what, why));
-        }
-      }
+      check_abort(what);
       poll_backoff(i);
     }
   }

@@ -54,6 +54,16 @@ void on_ranks(const std::function<void(int, DeviceCollective&)>& fn, const std::
     if (errors[r]) std::rethrow_exception(errors[r]);
 }
 
+// Rank 0's abort check when rank 1 skips a collective: rank 1 is reported lost 300 ms after the
+// test starts, once it has left (the heartbeat monitor's verdict in a real run).
+AbortCheck lost_after_rank1_leaves(const std::atomic<bool>& rank1_done, std::chrono::steady_clock::time_point t0) {
+  return [&rank1_done, t0]() -> std::string {
+    if (rank1_done && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(300))
+      return "rank 1 stopped answering (test)";
+    return {};
+  };
+}
+
 TEST(NcclCollective, NeedsTwoDevices) { ASSERT_GE(device_count(), kWorld) << "label gpu2 runs on a machine with two GPUs"; }
 
 TEST(NcclCollective, AllReduceSumsEveryRank) {
@@ -173,11 +183,7 @@ TEST(NcclCollective, SilentPeerEndsAnEnqueuedAllReduce) {
   ASSERT_GE(device_count(), kWorld);
   const auto t0 = std::chrono::steady_clock::now();
   std::atomic<bool> rank1_done{false};
-  AbortCheck rank0_abort = [&]() -> std::string {
-    if (rank1_done && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(300))
-      return "rank 1 stopped answering (test)";
-    return {};
-  };
+  const AbortCheck rank0_abort = lost_after_rank1_leaves(rank1_done, t0);
   std::string rank0_error;
   bool drained = false;
   on_ranks(
@@ -227,11 +233,7 @@ TEST(NcclCollective, SilentPeerMakesTheCallThrow) {
   ASSERT_GE(device_count(), kWorld);
   const auto t0 = std::chrono::steady_clock::now();
   std::atomic<bool> rank1_done{false};
-  AbortCheck rank0_abort = [&]() -> std::string {
-    if (rank1_done && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(300))
-      return "rank 1 stopped answering (test)";
-    return {};
-  };
+  const AbortCheck rank0_abort = lost_after_rank1_leaves(rank1_done, t0);
   std::string rank0_error;
   try {
     on_ranks(

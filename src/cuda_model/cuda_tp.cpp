@@ -8,8 +8,6 @@
 #include "cuda_model/cuda_impl.h"
 
 #if DSV41_HAS_CUDA
-#include <cstring>
-
 #include "dsv41/common/error.h"
 #include "dsv41/ops/gpu_expert_ids.h"
 

@@ -86,10 +86,10 @@ struct ColumnStream {
 #pragma unroll
       for (int c = lane; c < CH; c += 32) {
         const int j = c / (2 * K), part = c % (2 * K);
-        cp_async16(dst + j * TW + part * 4, src + j * row_stride + part * 8);
+        cp::cp_async16<kCpOrder>(dst + j * TW + part * 4, src + j * row_stride + part * 8);
       }
     }
-    cp_async_commit();
+    cp::cp_async_commit<kCpOrder>();
   }
   __device__ __forceinline__ void start() {
 #pragma unroll
@@ -98,7 +98,7 @@ struct ColumnStream {
   // Waits for group gi (issuing group gi + NG - 1) and returns its first tile's words.
   __device__ __forceinline__ const uint32_t* wait(int gi) {
     prefetch(gi + NG - 1);
-    cp_async_wait<NG - 1>();
+    cp::cp_async_wait<NG - 1, kCpOrder>();
     __syncwarp();
     return ring + (gi % NG) * kGroup * TW;
   }
@@ -270,7 +270,7 @@ __device__ float* small_block(const cuda::Exl3Matrix& w, int ng, int kt0, int kt
     }
     __syncwarp();
   }
-  cp_async_wait<0>();
+  cp::cp_async_wait<0, kCpOrder>();
 
   // ---- results: warps own disjoint columns ----
   const int g = lane >> 2, tig = lane & 3, c = 16 * warp + g;
@@ -369,7 +369,7 @@ __device__ void large_block(const cuda::Exl3Matrix& w, const __half* xh, int m, 
     if (c + 1 < nch) store_chunk((c + 1) & 1, nx);
     __syncthreads();
   }
-  cp_async_wait<0>();
+  cp::cp_async_wait<0, kCpOrder>();
   __syncthreads();
   const int g = lane >> 2, tig = lane & 3;
 #pragma unroll

@@ -1,10 +1,12 @@
 // Device primitives shared by the EXL3 kernels: trellis window extraction (EXL3.md §2.2–2.4),
-// the three codebooks (§2.5), 128-point Hadamard butterflies (§3.1), mma/ldmatrix/cp.async
-// wrappers. Only instructions that both sm_90a and sm_121a have (no wgmma/TMA).
+// the three codebooks (§2.5), 128-point Hadamard butterflies (§3.1), mma/ldmatrix wrappers (the
+// cp.async ones: ops/cp_async.cuh). Only instructions that both sm_90a and sm_121a have (no wgmma/TMA).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include "ops/cp_async.cuh"
 
 namespace dsv41::exl3::dev {
 
@@ -147,15 +149,10 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t
                : "r"(a));
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+// cp.async: the shared wrappers of ops/cp_async.cuh. The EXL3 pipelines order their stages with
+// __syncthreads alone, so they take the clobber-free form.
+namespace cp = ops::gpu::dev;
+constexpr cp::CpOrder kCpOrder = cp::CpOrder::Free;
 
 // ---- 128-point Sylvester Hadamard (unnormalised) on 4 values per lane ----------------------
 // Lane l holds elements 4l..4l+3 of the 128-vector: strides 1 and 2 in registers, 4..64 across

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
 #pragma unroll
       for (int c = lane; c < CH; c += 32) {
         const int j = c / (2 * K), part = c % (2 * K);
-        cp_async16(dst + j * TW + part * 4, src + j * row_stride + part * 8);
+        cp::cp_async16<kCpOrder>(dst + j * TW + part * 4, src + j * row_stride + part * 8);
       }
     }
   };
@@ -107,8 +107,9 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
   auto prefetch_x = [&](int q) {
     if (q < nq && lane < XCH) {
       const int kt = ((u0 + q) % U) * kGroup + warp;
-      cp_async16(xring + ((q % NG) * kGroup + warp) * 32 * FB + lane * 16,
-                 static_cast<const unsigned char*>(a.xfrag) + static_cast<size_t>(kt) * 32 * FB + lane * 16);
+      cp::cp_async16<kCpOrder>(
+          xring + ((q % NG) * kGroup + warp) * 32 * FB + lane * 16,
+          static_cast<const unsigned char*>(a.xfrag) + static_cast<size_t>(kt) * 32 * FB + lane * 16);
     }
   };
   // The trellis never depends on earlier kernels: start streaming it before waiting for the
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
 #pragma unroll
   for (int g = 0; g < NG - 1; ++g) {
     prefetch_x(g);
-    cp_async_commit();
+    cp::cp_async_commit<kCpOrder>();
   }
 
   int idx[3], off;
@@ -132,11 +133,11 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
 
   for (int q = 0; q < nq; ++q) {
     const int u = u0 + q;
-    cp_async_wait<NG - 2>();
+    cp::cp_async_wait<NG - 2, kCpOrder>();
     __syncthreads();  // unit q's x (copied by all warps) is visible; every warp is done with unit q - 1
     prefetch_trellis(q + NG - 1);
     prefetch_x(q + NG - 1);
-    cp_async_commit();
+    cp::cp_async_commit<kCpOrder>();
     const uint32_t* grp = ring + (q % NG) * kGroup * TW;
     const Frag* xf = reinterpret_cast<const Frag*>(xring) + (q % NG) * kGroup * 32 + lane;
 #pragma unroll
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
     }
     __syncthreads();  // red is rewritten at the next column group
   }
-  cp_async_wait<0>();
+  cp::cp_async_wait<0, kCpOrder>();
 }
 
 }  // namespace dsv41::exl3::dev

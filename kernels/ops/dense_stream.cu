@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "ops/cp_async.cuh"
 #include "ops/dense_stream.h"
 #include "ops/env_setting.h"
 #include "ops/ops_common.cuh"
@@ -56,18 +57,15 @@ struct StreamTiles {
   int64_t otiles = 1, tiles = 1;
 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+using dev::cp_async16;
+using dev::cp_async_commit;
 // Waits until at most n of this thread's committed groups are pending (n < kMaxStages).
 __device__ __forceinline__ void cp_async_wait_pending(int n) {
   switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 0: dev::cp_async_wait<0>(); break;
+    case 1: dev::cp_async_wait<1>(); break;
+    case 2: dev::cp_async_wait<2>(); break;
+    default: dev::cp_async_wait<3>(); break;
   }
 }
 

@@ -26,6 +26,7 @@
 // outputs were concatenated (each part's last tile may be partial).
 #include <atomic>
 
+#include "ops/cp_async.cuh"
 #include "ops/lin8_tc_gemm.h"
 #include "ops/lin_gemm.h"
 #include "ops/lin8_gemm_parts.cuh"
@@ -64,20 +65,9 @@ struct TileShape {
 using BigTile = TileShape<2, 4, 4, 4, 4, 1>;    // 128 x 128, 8 warps of 64 x 32, 172 KB + scales: 1 CTA per SM
 using SmallTile = TileShape<2, 2, 2, 4, 4, 2>;  // 64 x 64, 4 warps of 32 x 32, 86 KB + scales: 2 CTAs per SM
 
-// 16 bytes global -> shared; !valid zero-fills and reads nothing.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+// Staging copies (ops/cp_async.cuh): ordered by the pipeline's stage barriers alone; a copy that is
+// not `ok` zero-fills and reads nothing.
+constexpr dev::CpOrder kCpOrder = dev::CpOrder::Free;
 
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kernel(const TcArgs a) {
@@ -109,7 +99,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
 #pragma unroll
     for (int i = 0; i < T::kAChunks; ++i) {
       const bool ok = a_ok[i] && k_ok;
-      cp_async16(sA + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16, ok ? a_src[i] + k : pv.w, ok);
+      dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sA + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16,
+                                                    ok ? a_src[i] + k : pv.w, ok);
     }
   };
   // weights first: they never change, so they may be read before the previous kernel finishes
@@ -147,18 +138,19 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
 #pragma unroll
     for (int i = 0; i < T::kBChunks; ++i) {
       const bool ok = b_ok[i] && k_ok;
-      cp_async16(sB + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16, ok ? b_src[i] + k : a.x_codes, ok);
+      dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sB + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16,
+                                                    ok ? b_src[i] + k : a.x_codes, ok);
     }
 #pragma unroll
     for (int i = 0; i < T::kXsCopies; ++i) {
       const int e = tid + i * kThreads;
       const bool ok = xs_ok[i] && static_cast<int64_t>(step) * kStageBlocks + e / kBN < nb;
-      cp_async4(sXs + e, ok ? xs_src[i] + static_cast<int64_t>(step) * kStageBlocks : a.x_scales, ok);
+      dev::cp_async4_if<kCpOrder>(sXs + e, ok ? xs_src[i] + static_cast<int64_t>(step) * kStageBlocks : a.x_scales, ok);
     }
   };
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < n_steps) load_b(st, st);
-    cp_commit();
+    dev::cp_async_commit<kCpOrder>();
   }
 
   float acc[kMT][kNT][4];
@@ -171,12 +163,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
 
   const int row_base = warp_m * kMT * 16, tok_base = warp_n * kNT * 8;
   for (int step = 0; step < n_steps; ++step) {
-    cp_wait<kStages - 2>();
+    dev::cp_async_wait<kStages - 2, kCpOrder>();
     __syncthreads();  // stage `step` visible to all; the buffer refilled below is no longer read
     {
       const int next = step + kStages - 1;
       if (next < n_steps) load_a(next, next % kStages), load_b(next, next % kStages);
-      cp_commit();
+      dev::cp_async_commit<kCpOrder>();
     }
     const uint8_t* sA = smem + (step % kStages) * kStageBytes;
     const uint8_t* sB = sA + T::kABytes;
@@ -214,7 +206,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
       }
     }
   }
-  cp_wait<0>();
+  dev::cp_async_wait<0, kCpOrder>();
 
   // d[2h + c]: weight row g + 8h, token 2tig + c of the MMA tile
 #pragma unroll

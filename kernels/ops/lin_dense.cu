@@ -30,6 +30,7 @@
 
 #include <atomic>
 
+#include "ops/cp_async.cuh"
 #include "ops/dense_gemm.h"
 #include "ops/dense_stream.h"
 #include "ops/ops_common.cuh"
@@ -131,13 +132,9 @@ constexpr int kPieceBytes = 128;           // bytes of one weight row per stage
 constexpr int kPitch = kPieceBytes + 16;   // smem row pitch: conflict-free 16-byte reads
 constexpr int kStages = 3;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+using dev::cp_async16;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
 
 // Eight weights at p as floats (one 16-byte read of bf16, two of fp32).
 __device__ __forceinline__ void smem8(const uint16_t* p, float (&o)[8]) {

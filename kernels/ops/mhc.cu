@@ -8,6 +8,7 @@
 // split runs one warp per token with one comb entry per lane. All keep each sum's order and every
 // rounding.
 #include "ops/chain_gemm.cuh"
+#include "ops/cp_async.cuh"
 #include "ops/moe_combine.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
@@ -245,13 +246,15 @@ __device__ __forceinline__ void stage_swizzled_async(float* dst, const float* sr
   if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
     const int64_t n4 = n >> 2;
     for (int64_t q = tid; q < n4; q += nt) {
+      // Written out rather than dev::cp_async16, which would form the source address before the
+      // shared one: the same copy in another instruction order.
       const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst + dev::chain_swizzle(q << 2)));
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src + (q << 2)) : "memory");
     }
     done = n4 << 2;
   }
   for (int64_t i = done + tid; i < n; i += nt) dst[dev::chain_swizzle(i)] = src[i];
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  dev::cp_async_commit();
 }
 
 // ---- the mix chains from the staged rows ----
@@ -459,7 +462,7 @@ __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMi
   stage_swizzled_async(sw, a.fn + i * k, k);
   dev::pdl_enter();
   stage_swizzled_async(sh, a.h + t * k, k);
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  dev::cp_async_wait_all();
   __syncthreads();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
   const int sum_warp = static_cast<int>((parts + 31) / 32);  // the first warp without a part

@@ -29,6 +29,7 @@
 
 #include <type_traits>
 
+#include "ops/cp_async.cuh"
 #include "ops/moe_grouped.h"
 #include "ops/pdl.cuh"
 #include "ops/ops_common.cuh"
@@ -136,27 +137,11 @@ __global__ void __launch_bounds__(kBucketThreads) moe_bucket_kernel(const int32_
 }
 
 // ---- staging ----
-// Weight rows are read 64 bytes per stage: the L2 prefetch hint fetches 256 contiguous bytes (four
-// stages of the row) at once, so DRAM sees whole lines instead of scattered 64-byte pieces.
-__device__ __forceinline__ void cp_async16_weights(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  const int n = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+// Copies (ops/cp_async.cuh) are ordered by the pipeline's stage barriers alone. Weight rows are read
+// 64 bytes per stage: their L2 prefetch hint fetches 256 contiguous bytes (four stages of the row) at
+// once, so DRAM sees whole lines instead of scattered 64-byte pieces; a weight copy that is not
+// valid zero-fills and reads nothing.
+constexpr dev::CpOrder kCpOrder = dev::CpOrder::Free;
 
 // ---- exact widening and the block dot: ops/tc_block.cuh ----
 // The kernel is bound by the integer (ALU) pipe: the widening, the scale decoding and the staging
@@ -244,12 +229,15 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
     uint8_t* sBs = sAs + kAsBytes;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      cp_async16_weights(sA + ((tid >> 2) + 32 * i) * kAStride + (tid & 3) * 16, a_src[i] + step * (kBK / 2), a_ok[i]);
+      dev::cp_async16_if<kCpOrder, dev::CpL2::B256>(sA + ((tid >> 2) + 32 * i) * kAStride + (tid & 3) * 16,
+                                                    a_src[i] + step * (kBK / 2), a_ok[i]);
 #pragma unroll
     for (int i = 0; i < kBLoads; ++i)
-      if (b_ok[i]) cp_async16(sB + ((tid >> 3) + 16 * i) * kBStride + (tid & 7) * 16, b_src[i] + step * kBK);
-    cp_async4(sAs + tid * kKB, as_src + step * kKB, as_ok);
-    if (bs_ok) cp_async16(sBs + tid * kKB * 4, bs_src + step * kKB);
+      if (b_ok[i])
+        dev::cp_async16<kCpOrder, dev::CpL2::B128>(sB + ((tid >> 3) + 16 * i) * kBStride + (tid & 7) * 16,
+                                                   b_src[i] + step * kBK);
+    dev::cp_async4_if<kCpOrder>(sAs + tid * kKB, as_src + step * kKB, as_ok);
+    if (bs_ok) dev::cp_async16<kCpOrder, dev::CpL2::B128>(sBs + tid * kKB * 4, bs_src + step * kKB);
   };
 
   float acc[2][NQ][4];
@@ -313,15 +301,15 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
   const int check_row = tile_row<kGateUp>(warp, (lane >> 4) & 1, lane & 7, (lane >> 3) & 1);
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < n_steps) load_stage(st, st);
-    cp_commit();
+    dev::cp_async_commit<kCpOrder>();
   }
   for (int step = 0; step < n_steps; ++step) {
-    cp_wait<kStages - 2>();
+    dev::cp_async_wait<kStages - 2, kCpOrder>();
     __syncthreads();  // stage `step` visible to all; the buffer refilled below is no longer read
     {
       const int next = step + kStages - 1;
       if (next < n_steps) load_stage(next, next % kStages);
-      cp_commit();
+      dev::cp_async_commit<kCpOrder>();
     }
     const int buf = step % kStages;
     const uint8_t* sA = smem + buf * kStageBytes;
@@ -341,7 +329,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
     else
       compute_stage(sA, sB, sBs, wsb, std::true_type{});
   }
-  cp_wait<0>();
+  dev::cp_async_wait<0, kCpOrder>();
 
   // Epilogue: pair column nt*8 + 2tig + c, feature row g / g+8 of each m-tile.
 #pragma unroll

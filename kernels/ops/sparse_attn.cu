@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "ops/cp_async.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -232,17 +233,8 @@ __host__ __device__ inline SplitLayout split_layout(int64_t n, int64_t d) {
 
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-// Asynchronous global -> shared copies (no register round trip, many in flight per thread);
-// src_bytes = 0 writes zeros and reads nothing.
-__device__ __forceinline__ void split_cp16(void* dst, const void* src, unsigned src_bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void split_cp4(void* dst, const void* src, unsigned src_bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void split_cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Rows are staged with asynchronous global -> shared copies (ops/cp_async.cuh: no register round
+// trip, many in flight per thread); src_bytes = 0 writes zeros and reads nothing.
 
 template <int C, int G, int T, int MinBlocks, int PB>
 __global__ void __launch_bounds__(T, MinBlocks) sparse_attn_split_kernel(SparseAttnArgs a) {
@@ -285,7 +277,8 @@ __global__ void __launch_bounds__(T, MinBlocks) sparse_attn_split_kernel(SparseA
   {
     const float* qsrc = a.q + (t * a.heads + h0) * d;
     const int total = G * d32 / 4, valid = nh * d32 / 4;
-    for (int i = tid; i < total; i += T) split_cp16(q + 4 * i, i < valid ? qsrc + 4 * i : a.q, i < valid ? 16u : 0u);
+    for (int i = tid; i < total; i += T)
+      dev::cp_async16_zfill(q + 4 * i, i < valid ? qsrc + 4 * i : a.q, i < valid ? 16u : 0u);
   }
   const int32_t* list = a.list + t * a.list_len;
   const uint16_t* pool_a = a.pool_a[t];
@@ -312,10 +305,10 @@ __global__ void __launch_bounds__(T, MinBlocks) sparse_attn_split_kernel(SparseA
       const int jj = v / vpr, vv = v % vpr, j = rank * R32 + jj;
       if (j >= n32) break;  // v grows with j
       const uint16_t* row = rowptr[j];
-      if (row) split_cp16(stage + jj * L.srow + vv * 8, row + vv * 8, 16u);
+      if (row) dev::cp_async16_zfill(stage + jj * L.srow + vv * 8, row + vv * 8, 16u);
     }
   }
-  split_cp_wait_all();
+  dev::cp_async_wait_all();
   __syncthreads();
 
   // ---- 1. scores of rows [rank·R, rank·R + R): one thread per (head pair, K block, row), two
@@ -375,14 +368,14 @@ __global__ void __launch_bounds__(T, MinBlocks) sparse_attn_split_kernel(SparseA
         for (int v = tid; v < n32 * vpr; v += T) {
           const int j = v / vpr, vv = v % vpr;
           const uint16_t* row = rowptr[j];
-          split_cp16(stage + j * ks32 + vv * 8, row ? row + kb32 + vv * 8 : dummy, row ? 16u : 0u);
+          dev::cp_async16_zfill(stage + j * ks32 + vv * 8, row ? row + kb32 + vv * 8 : dummy, row ? 16u : 0u);
         }
       } else {  // 4-byte pieces (lane pairs)
         const int vpr = width / 2;
         for (int v = tid; v < n32 * vpr; v += T) {
           const int j = v / vpr, vv = v % vpr;
           const uint16_t* row = rowptr[j];
-          split_cp4(stage + j * ks32 + vv * 2, row ? row + kb32 + vv * 2 : dummy, row ? 4u : 0u);
+          dev::cp_async4_zfill(stage + j * ks32 + vv * 2, row ? row + kb32 + vv * 2 : dummy, row ? 4u : 0u);
         }
       }
     }
@@ -448,7 +441,7 @@ __global__ void __launch_bounds__(T, MinBlocks) sparse_attn_split_kernel(SparseA
     lden[tid] = __fadd_rn(l, dev::exp_ref(__fsub_rn(a.sink[h0 + tid], mlast[tid])));
   }
 
-  split_cp_wait_all();
+  dev::cp_async_wait_all();
   __syncthreads();
   // ---- 3. PV of each chunk for this block's d lanes [rank·ks, rank·ks + ks): one thread per (chunk,
   // lane pair), all heads; rows in list order (skipped entries add +0).

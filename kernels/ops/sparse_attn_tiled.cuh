@@ -1,6 +1,6 @@
 // Sparse attention for many queries (prefill passes): one block per query and group of
 // kTiledHeads heads, every head of the group computed at once per 64-entry chunk, register-tiled.
-// Included by sparse_attn.cu (inside its anonymous namespace, after kChunk and the cp.async helpers).
+// Included by sparse_attn.cu (inside its anonymous namespace, after kChunk; copies: ops/cp_async.cuh).
 //
 // Per chunk the reference runs, per head, three steps; here each is one block-wide phase:
 //  1. scores: the dot.h chains (one fma chain from zero per 256-wide K block, q·row in K order).
@@ -49,17 +49,6 @@ __host__ __device__ inline TiledLayout tiled_layout(int64_t d) {
   return L;
 }
 
-// 16-byte asynchronous copy; src_bytes = 0 writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, unsigned src_bytes) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Copies chunk [c0, c0 + 64) of query t's list into a staged buffer: 4 threads per entry, each
 // taking every 4th 16-byte piece of the row; valid[j] = 1 for an entry with a row.
 __device__ __forceinline__ void tiled_stage_chunk(const SparseAttnArgs& a, int64_t t, int64_t c0, uint16_t* buf,
@@ -76,7 +65,8 @@ __device__ __forceinline__ void tiled_stage_chunk(const SparseAttnArgs& a, int64
   const int vpr = static_cast<int>(a.d / 8);
   // A 16-byte aligned global address inside the list's allocation; never read (0 source bytes).
   const void* dummy = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(a.list) & ~uintptr_t{15});
-  for (int v = sub; v < vpr; v += 4) cp_async16_zfill(buf + j * rs + v * 8, row ? row + v * 8 : dummy, row ? 16u : 0u);
+  for (int v = sub; v < vpr; v += 4)
+    dev::cp_async16_zfill(buf + j * rs + v * 8, row ? row + v * 8 : dummy, row ? 16u : 0u);
   if (sub == 0) valid[j] = row ? 1.0f : 0.0f;
 }
 
@@ -102,7 +92,7 @@ __global__ void __launch_bounds__(kTiledThreads, 1) sparse_attn_tiled_kernel(Spa
   const int64_t nc = (a.list_len + kChunk - 1) / kChunk;
 
   if (nc > 0) tiled_stage_chunk(a, t, 0, rows, valid, rs);
-  cp_async_commit();
+  dev::cp_async_commit();
   {  // q of the group's heads (zero for heads past the end: their results are never stored)
     const float4* src = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0) * d);
     const int vpr = d32 / 4;
@@ -138,10 +128,10 @@ __global__ void __launch_bounds__(kTiledThreads, 1) sparse_attn_tiled_kernel(Spa
     __syncthreads();  // chunk c-1's PV is done with the other buffer
     if (c + 1 < nc) {
       tiled_stage_chunk(a, t, c0 + kChunk, rows + (buf ^ 1) * kChunk * rs, valid + (buf ^ 1) * kChunk, rs);
-      cp_async_commit();
-      cp_async_wait_group<1>();
+      dev::cp_async_commit();
+      dev::cp_async_wait<1>();
     } else {
-      cp_async_wait_group<0>();
+      dev::cp_async_wait<0>();
     }
     __syncthreads();
 

@@ -9,6 +9,7 @@
 #include "dsv41/common/error.h"
 #include "dsv41/model/mix_gemm_parts.h"
 #include "dsv41/ops/gpu_buffer.h"
+#include "ops/gpu_norm_checks.h"
 
 namespace dsv41::ops::gpu {
 namespace {
@@ -71,17 +72,21 @@ static void check_rope_tail(const RopeTail& r, int64_t k, const char* op) {
   DSV_CHECK(r.row_div >= 1, "{}: rope row_div={} must be positive", op, r.row_div);
 }
 
-void rms_norm(const RmsNormArgs& a, cudaStream_t s) {
-  DSV_CHECK(a.rows >= 0 && a.d > 0, "rms_norm: rows={} d={}", a.rows, a.d);
-  DSV_CHECK(a.rows == 0 || (a.x && a.w && a.out), "rms_norm: x, w and out must be device pointers");
-  DSV_CHECK(a.x_stride >= a.d && a.out_stride >= a.d, "rms_norm: strides {} / {} below d={}", a.x_stride,
-            a.out_stride, a.d);
-  DSV_CHECK(!a.codes == !a.scales, "rms_norm: codes and scales go together");
-  DSV_CHECK(!a.codes || a.d % 32 == 0, "rms_norm: quantised output needs d={} to be a multiple of 32", a.d);
-  DSV_CHECK((!a.rope.freqs && !a.qdq8) || a.d % 32 == 0, "rms_norm: fused rope/qdq8 needs d={} to be a multiple of 32",
+void check_rms_norm_args(const RmsNormArgs& a, const char* op) {
+  DSV_CHECK(a.rows >= 0 && a.d > 0, "{}: rows={} d={}", op, a.rows, a.d);
+  DSV_CHECK(a.rows == 0 || (a.x && a.w && a.out), "{}: x, w and out must be device pointers", op);
+  DSV_CHECK(a.x_stride >= a.d && a.out_stride >= a.d, "{}: strides {} / {} below d={}", op, a.x_stride, a.out_stride,
             a.d);
-  check_rope_tail(a.rope, a.d, "rms_norm");
-  DSV_CHECK(!a.bf16_out || a.bf16_stride >= a.d, "rms_norm: bf16 copy stride {} below d={}", a.bf16_stride, a.d);
+  DSV_CHECK(!a.codes == !a.scales, "{}: codes and scales go together", op);
+  DSV_CHECK(!a.codes || a.d % 32 == 0, "{}: quantised output needs d={} to be a multiple of 32", op, a.d);
+  DSV_CHECK((!a.rope.freqs && !a.qdq8) || a.d % 32 == 0, "{}: fused rope/qdq8 needs d={} to be a multiple of 32", op,
+            a.d);
+  check_rope_tail(a.rope, a.d, op);
+  DSV_CHECK(!a.bf16_out || a.bf16_stride >= a.d, "{}: bf16 copy stride {} below d={}", op, a.bf16_stride, a.d);
+}
+
+void rms_norm(const RmsNormArgs& a, cudaStream_t s) {
+  check_rms_norm_args(a, "rms_norm");
   launched(raw::rms_norm(a, s), "rms_norm launch");
 }
 
@@ -200,9 +205,13 @@ void hc_mix(const HcMixArgs& a, cudaStream_t s) {
   launched(raw::hc_mix(a, s), "hc_mix launch");
 }
 
+void check_hc_collapse_args(const HcCollapseArgs& a, const char* op) {
+  DSV_CHECK(a.hc >= 1 && a.hc <= 16 && a.dim > 0 && a.n >= 0, "{}: hc={} dim={} n={}", op, a.hc, a.dim, a.n);
+  DSV_CHECK(a.n == 0 || (a.h && a.w && a.out), "{}: h, w and out must be device pointers", op);
+}
+
 void hc_collapse(const HcCollapseArgs& a, cudaStream_t s) {
-  DSV_CHECK(a.hc >= 1 && a.hc <= 16 && a.dim > 0 && a.n >= 0, "hc_collapse: hc={} dim={}", a.hc, a.dim);
-  DSV_CHECK(a.n == 0 || (a.h && a.w && a.out), "hc_collapse: h, w and out must be device pointers");
+  check_hc_collapse_args(a, "hc_collapse");
   launched(raw::hc_collapse(a, s), "hc_collapse launch");
 }
 

@@ -45,10 +45,57 @@ void expect_codes(const std::string& what, const std::vector<float>& x, int64_t 
   expect_guards(what + " scales", dscales);
 }
 
+// One collapse + RMSNorm case on the device: n rows of hc streams of the config's hidden width
+// (one float off the 16-byte grid when `unaligned`), weights w_stride apart, the output normed in
+// place (with ActQuant8 codes when `codes`); `want` is the CPU reference's hc_collapse then
+// rms_norm. zero_norm_block zeroes the first 32 norm weights (a zero block: the codes' amax floor).
+struct CollapseNormRun {
+  std::vector<float> want;
+  Guarded dh, dw, dnw, dx, dcodes, dscales;
+  gpu::HcCollapseArgs ca;
+  gpu::RmsNormArgs na;
+};
+
+CollapseNormRun make_collapse_norm_run(const ModelConfig& c, int64_t hc, int64_t n, int64_t w_stride, bool codes,
+                                       bool unaligned, bool zero_norm_block, Rng& rng) {
+  const int64_t dim = c.hidden_size, k = hc * dim;
+  const std::vector<float> h = rng.bf16_vec(static_cast<size_t>(n * k), 1.5f);
+  std::vector<float> w(static_cast<size_t>(n * w_stride));
+  for (float& v : w) v = rng.uniform(0.0f, 1.0f);  // sigmoid-range weights as the mix gives
+  std::vector<float> nw = rng.bf16_vec(static_cast<size_t>(dim));
+  if (zero_norm_block)
+    for (int64_t i = 0; i < 32 && i < dim; ++i) nw[static_cast<size_t>(i)] = 0.0f;
+  std::vector<float> want(static_cast<size_t>(n * dim)), xs(static_cast<size_t>(dim));
+  for (int64_t t = 0; t < n; ++t) {
+    model::hc_collapse(&h[t * k], &w[t * w_stride], hc, dim, xs.data());
+    model::rms_norm(xs.data(), nw.data(), dim, c.rms_norm_eps, &want[t * dim]);
+  }
+  std::vector<float> hp(h.size() + 1, 0.0f);
+  std::copy(h.begin(), h.end(), hp.begin() + 1);
+  Guarded dh = Guarded::from(unaligned ? hp : h), dw = Guarded::from(w), dnw = Guarded::from(nw);
+  Guarded dx(static_cast<size_t>(n * dim) * 4);
+  Guarded dcodes(static_cast<size_t>(n * dim), 0x7F), dscales(static_cast<size_t>(n * dim / 32) * 4);
+  const gpu::HcCollapseArgs ca{dh.as<float>() + (unaligned ? 1 : 0), dw.as<float>(), w_stride, n, hc, dim, dx.as<float>()};
+  gpu::RmsNormArgs na{dx.as<float>(), dim, dnw.as<float>(), dx.as<float>(), dim, n, dim, static_cast<float>(c.rms_norm_eps)};
+  if (codes) {
+    na.codes = dcodes.as<uint8_t>();
+    na.scales = dscales.as<float>();
+  }
+  return CollapseNormRun{std::move(want), std::move(dh),      std::move(dw), std::move(dnw), std::move(dx),
+                         std::move(dcodes), std::move(dscales), ca,            na};
+}
+
+// The run's rows (and codes when asked) against the oracle, bit for bit, and its guard bytes.
+void expect_collapse_norm(const std::string& what, const CollapseNormRun& r, int64_t n, int64_t dim, bool codes) {
+  expect_equal(what, r.dx.host<float>(), r.want);
+  expect_guards(what, r.dx);
+  if (codes) expect_codes(what, r.want, n, dim, r.dcodes, r.dscales);
+}
+
 TEST(GpuCollapseNorm, FusedCollapseNormExact) {
   for (const Shapes& s : shape_sets()) {
     const ModelConfig& c = s.cfg;
-    const int64_t hc = c.hc_mult, dim = c.hidden_size, k = hc * dim, n_mix = (2 + hc) * hc;
+    const int64_t hc = c.hc_mult, dim = c.hidden_size, n_mix = (2 + hc) * hc;
     for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{32}, int64_t{33}, int64_t{64}}) {
       for (int64_t w_stride : {hc, n_mix}) {
         for (bool codes : {true, false}) {
@@ -57,32 +104,12 @@ TEST(GpuCollapseNorm, FusedCollapseNormExact) {
                                    (codes ? " codes" : "") + (unaligned ? " unaligned" : "");
           SCOPED_TRACE(what);
           Rng rng(static_cast<uint64_t>(n * 31 + w_stride * 3 + codes));
-          const std::vector<float> h = rng.bf16_vec(static_cast<size_t>(n * k), 1.5f);
-          std::vector<float> w(static_cast<size_t>(n * w_stride));
-          for (float& v : w) v = rng.uniform(0.0f, 1.0f);  // sigmoid-range weights as the mix gives
-          std::vector<float> nw = rng.bf16_vec(static_cast<size_t>(dim));
-          for (int64_t i = 0; i < 32 && i < dim; ++i) nw[static_cast<size_t>(i)] = 0.0f;  // a zero block: amax floor
-          std::vector<float> want(static_cast<size_t>(n * dim)), xs(static_cast<size_t>(dim));
-          for (int64_t t = 0; t < n; ++t) {
-            model::hc_collapse(&h[t * k], &w[t * w_stride], hc, dim, xs.data());
-            model::rms_norm(xs.data(), nw.data(), dim, c.rms_norm_eps, &want[t * dim]);
-          }
-          std::vector<float> hp(h.size() + 1, 0.0f);
-          std::copy(h.begin(), h.end(), hp.begin() + 1);
-          Guarded dh = Guarded::from(unaligned ? hp : h), dw = Guarded::from(w), dnw = Guarded::from(nw);
-          Guarded dx(static_cast<size_t>(n * dim) * 4);
-          Guarded dcodes(static_cast<size_t>(n * dim), 0x7F), dscales(static_cast<size_t>(n * dim / 32) * 4);
-          const gpu::HcCollapseArgs ca{dh.as<float>() + (unaligned ? 1 : 0), dw.as<float>(), w_stride, n, hc, dim, dx.as<float>()};
-          gpu::RmsNormArgs na{dx.as<float>(), dim, dnw.as<float>(), dx.as<float>(), dim, n, dim, static_cast<float>(c.rms_norm_eps)};
-          if (codes) {
-            na.codes = dcodes.as<uint8_t>();
-            na.scales = dscales.as<float>();
-          }
+          const CollapseNormRun r = make_collapse_norm_run(c, hc, n, w_stride, codes, unaligned, true, rng);
+          const gpu::HcCollapseArgs& ca = r.ca;
+          const gpu::RmsNormArgs& na = r.na;
           gpu::hc_collapse_rms_norm(ca, na, nullptr);
           sync_ok();
-          expect_equal(what, dx.host<float>(), want);
-          expect_guards(what, dx);
-          if (codes) expect_codes(what, want, n, dim, dcodes, dscales);
+          expect_collapse_norm(what, r, n, dim, codes);
           if (s.name == "real" && n <= 4 && codes && w_stride == hc) {
             report_time(what, time_us([&] { gpu::hc_collapse_rms_norm(ca, na, nullptr); }));
             report_time(what + " (two launches)", time_us([&] {
@@ -190,42 +217,20 @@ enum class CollapseNormForm { Fused, TwoLaunches };
 void collapse_norm_case(const Shapes& s, int64_t hc, int64_t n, int64_t w_stride, bool codes, bool unaligned,
                         CollapseNormForm form) {
   const ModelConfig& c = s.cfg;
-  const int64_t dim = c.hidden_size, k = hc * dim;
   const std::string what = s.name + (form == CollapseNormForm::Fused ? " fused" : " two launches") + " hc=" +
                            std::to_string(hc) + " n=" + std::to_string(n) + " w_stride=" + std::to_string(w_stride) +
                            (codes ? " codes" : "") + (unaligned ? " unaligned" : "");
   SCOPED_TRACE(what);
   Rng rng(static_cast<uint64_t>(hc * 1009 + n * 31 + w_stride * 3 + codes + (unaligned ? 7 : 0)));
-  const std::vector<float> h = rng.bf16_vec(static_cast<size_t>(n * k), 1.5f);
-  std::vector<float> w(static_cast<size_t>(n * w_stride));
-  for (float& v : w) v = rng.uniform(0.0f, 1.0f);  // sigmoid-range weights as the mix gives
-  const std::vector<float> nw = rng.bf16_vec(static_cast<size_t>(dim));
-  std::vector<float> want(static_cast<size_t>(n * dim)), xs(static_cast<size_t>(dim));
-  for (int64_t t = 0; t < n; ++t) {
-    model::hc_collapse(&h[t * k], &w[t * w_stride], hc, dim, xs.data());
-    model::rms_norm(xs.data(), nw.data(), dim, c.rms_norm_eps, &want[t * dim]);
-  }
-  std::vector<float> hp(h.size() + 1, 0.0f);
-  std::copy(h.begin(), h.end(), hp.begin() + 1);
-  Guarded dh = Guarded::from(unaligned ? hp : h), dw = Guarded::from(w), dnw = Guarded::from(nw);
-  Guarded dx(static_cast<size_t>(n * dim) * 4);
-  Guarded dcodes(static_cast<size_t>(n * dim), 0x7F), dscales(static_cast<size_t>(n * dim / 32) * 4);
-  const gpu::HcCollapseArgs ca{dh.as<float>() + (unaligned ? 1 : 0), dw.as<float>(), w_stride, n, hc, dim, dx.as<float>()};
-  gpu::RmsNormArgs na{dx.as<float>(), dim, dnw.as<float>(), dx.as<float>(), dim, n, dim, static_cast<float>(c.rms_norm_eps)};
-  if (codes) {
-    na.codes = dcodes.as<uint8_t>();
-    na.scales = dscales.as<float>();
-  }
+  const CollapseNormRun r = make_collapse_norm_run(c, hc, n, w_stride, codes, unaligned, false, rng);
   if (form == CollapseNormForm::Fused) {
-    gpu::hc_collapse_rms_norm(ca, na, nullptr);
+    gpu::hc_collapse_rms_norm(r.ca, r.na, nullptr);
   } else {
-    gpu::hc_collapse(ca, nullptr);
-    gpu::rms_norm(na, nullptr);
+    gpu::hc_collapse(r.ca, nullptr);
+    gpu::rms_norm(r.na, nullptr);
   }
   sync_ok();
-  expect_equal(what, dx.host<float>(), want);
-  expect_guards(what, dx);
-  if (codes) expect_codes(what, want, n, dim, dcodes, dscales);
+  expect_collapse_norm(what, r, n, c.hidden_size, codes);
 }
 
 // Every stream count the op takes (hc = 1..16; above 8 the cluster kernel collapses element by

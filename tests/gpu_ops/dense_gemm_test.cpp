@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 
+#include "gemm_dispatch.h"
 #include "harness.h"
 #include "model/linears.h"
 #include "ops/dense_gemm.h"
@@ -22,21 +23,7 @@ namespace {
 namespace gpu = ops::gpu;
 
 // Forces the dispatch threshold and CTA tile of the dense GEMM while in scope.
-class DenseGemmSettings {
- public:
-  DenseGemmSettings(int64_t min_rows, int tile)
-      : rows_(gpu::raw::set_dense_gemm_min_rows(min_rows)), tile_(gpu::raw::set_dense_gemm_tile(tile)) {}
-  ~DenseGemmSettings() {
-    gpu::raw::set_dense_gemm_min_rows(rows_);
-    gpu::raw::set_dense_gemm_tile(tile_);
-  }
-  DenseGemmSettings(const DenseGemmSettings&) = delete;
-  DenseGemmSettings& operator=(const DenseGemmSettings&) = delete;
-
- private:
-  int64_t rows_;
-  int tile_;
-};
+using DenseGemmSettings = ScopedGemmDispatch<&gpu::raw::set_dense_gemm_min_rows, &gpu::raw::set_dense_gemm_tile>;
 
 struct DenseCase {
   gpu::DenseType wt;

@@ -242,33 +242,41 @@ std::vector<RealCall> real_decode_calls(const ModelConfig& c) {
           {"weights_proj", gpu::DenseType::BF16, c.hidden_size, c.index_n_heads, true}};
 }
 
+// Runs f(call, problem) on each real decode call at m = 1..4, packed rows as its call site makes them.
+template <class F>
+void for_each_real_decode_problem(F&& f) {
+  for (const RealCall& rc : real_decode_calls(shape_sets()[0].cfg)) {
+    for (int64_t m = 1; m <= 4; ++m) {
+      DenseProblem p(rc.wt, rc.in, rc.out, 1, m, 0, rc.round, 0);
+      f(rc, p);
+    }
+  }
+}
+
 TEST(DenseStream, RealDecodeCallsAutomaticPlanMatchesCpu) {
   StreamForce automatic(0, 0, 0, 0);
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  const ModelConfig& c = shape_sets()[0].cfg;
-  for (const RealCall& rc : real_decode_calls(c)) {
-    for (int64_t m = 1; m <= 4; ++m) {
-      DenseProblem p(rc.wt, rc.in, rc.out, 1, m, 0, rc.round, 0);
-      const std::string what = rc.name + " " + p.what;
-      SCOPED_TRACE(what);
-      Guarded probe(4);
-      raw::DenseStreamPlan plan;
-      const bool planned = raw::dense_stream_plan(p.args(probe.as<float>()), &plan);
-      if (planned) {
-        std::printf("  [plan]   %-60s rows/tile %d stages %d act rows %d threads %d tiles %lld ctas %lld smem %zu\n",
-                    what.c_str(), plan.rows_per_tile, plan.stages, plan.act_rows, plan.threads,
-                    static_cast<long long>(plan.tiles), static_cast<long long>(plan.ctas), plan.smem);
-        EXPECT_EQ(plan.ctas, plan.tiles) << "the automatic plan keeps to one tile per CTA";
-        EXPECT_EQ(plan.stages, 1);
-        EXPECT_EQ(plan.act_rows, m == 3 ? 4 : m);
-      } else {
-        std::printf("  [plan]   %-60s none on %d SMs\n", what.c_str(), sms);
-      }
-      if (sms >= 132) EXPECT_TRUE(planned) << "no one-wave plan on a device of " << sms << " SMs";
-      p.check("automatic", planned);
+  for_each_real_decode_problem([&](const RealCall& rc, DenseProblem& p) {
+    const int64_t m = p.m;
+    const std::string what = rc.name + " " + p.what;
+    SCOPED_TRACE(what);
+    Guarded probe(4);
+    raw::DenseStreamPlan plan;
+    const bool planned = raw::dense_stream_plan(p.args(probe.as<float>()), &plan);
+    if (planned) {
+      std::printf("  [plan]   %-60s rows/tile %d stages %d act rows %d threads %d tiles %lld ctas %lld smem %zu\n",
+                  what.c_str(), plan.rows_per_tile, plan.stages, plan.act_rows, plan.threads,
+                  static_cast<long long>(plan.tiles), static_cast<long long>(plan.ctas), plan.smem);
+      EXPECT_EQ(plan.ctas, plan.tiles) << "the automatic plan keeps to one tile per CTA";
+      EXPECT_EQ(plan.stages, 1);
+      EXPECT_EQ(plan.act_rows, m == 3 ? 4 : m);
+    } else {
+      std::printf("  [plan]   %-60s none on %d SMs\n", what.c_str(), sms);
     }
-  }
+    if (sms >= 132) EXPECT_TRUE(planned) << "no one-wave plan on a device of " << sms << " SMs";
+    p.check("automatic", planned);
+  });
 }
 
 // The head (dim -> vocab, fp32 outputs, bf16 or fp32 weights; whole or one of two tensor-parallel
@@ -310,29 +318,25 @@ TEST(DenseStream, RealDecodeCallsMultiStagePlansMatchCpu) {
   const Force forces[] = {{1, 4, 1}, {2, 3, 1}, {2, 2, 1}, {4, 2, 1}, {1, 2, 1}, {16, 2, 0}};
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  const ModelConfig& c = shape_sets()[0].cfg;
-  for (const RealCall& rc : real_decode_calls(c)) {
-    for (int64_t m = 1; m <= 4; ++m) {
-      DenseProblem p(rc.wt, rc.in, rc.out, 1, m, 0, rc.round, 0);
-      int staged = 0, walking = 0;
-      for (const Force& f : forces) {
-        StreamForce force(2, f.rows, f.stages, f.cps);
-        const std::string tag = rc.name + " r" + std::to_string(f.rows) + "s" + std::to_string(f.stages) + "c" + std::to_string(f.cps);
-        Guarded probe(4);
-        raw::DenseStreamPlan plan;
-        const bool fits = raw::dense_stream_plan(p.args(probe.as<float>()), &plan);
-        if (fits) {
-          EXPECT_EQ(plan.rows_per_tile, f.rows) << p.what << " " << tag;
-          EXPECT_EQ(plan.stages, f.stages) << p.what << " " << tag;
-          staged += plan.stages > 1;
-          walking += plan.stages > 1 && plan.tiles > plan.ctas;
-        }
-        p.check(tag, fits);
+  for_each_real_decode_problem([&](const RealCall& rc, DenseProblem& p) {
+    int staged = 0, walking = 0;
+    for (const Force& f : forces) {
+      StreamForce force(2, f.rows, f.stages, f.cps);
+      const std::string tag = rc.name + " r" + std::to_string(f.rows) + "s" + std::to_string(f.stages) + "c" + std::to_string(f.cps);
+      Guarded probe(4);
+      raw::DenseStreamPlan plan;
+      const bool fits = raw::dense_stream_plan(p.args(probe.as<float>()), &plan);
+      if (fits) {
+        EXPECT_EQ(plan.rows_per_tile, f.rows) << p.what << " " << tag;
+        EXPECT_EQ(plan.stages, f.stages) << p.what << " " << tag;
+        staged += plan.stages > 1;
+        walking += plan.stages > 1 && plan.tiles > plan.ctas;
       }
-      EXPECT_GE(staged, 2) << rc.name << " " << p.what;
-      if (rc.out > 2 * sms) EXPECT_GE(walking, 2) << rc.name << " " << p.what;
+      p.check(tag, fits);
     }
-  }
+    EXPECT_GE(staged, 2) << rc.name << " " << p.what;
+    if (rc.out > 2 * sms) EXPECT_GE(walking, 2) << rc.name << " " << p.what;
+  });
 }
 
 }  // namespace

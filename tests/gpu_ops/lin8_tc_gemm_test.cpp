@@ -13,6 +13,7 @@
 
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/loader/safetensors.h"
+#include "gemm_dispatch.h"
 #include "harness.h"
 #include "linear_inputs.h"
 #include "model/linears.h"
@@ -26,21 +27,7 @@ namespace gpu = ops::gpu;
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
 
 // Sets the tensor-core GEMM's row threshold and tile while in scope.
-class TcSettings {
- public:
-  TcSettings(int64_t min_rows, int tile)
-      : rows_(gpu::raw::set_lin8_tc_min_rows(min_rows)), tile_(gpu::raw::set_lin8_tc_tile(tile)) {}
-  ~TcSettings() {
-    gpu::raw::set_lin8_tc_min_rows(rows_);
-    gpu::raw::set_lin8_tc_tile(tile_);
-  }
-  TcSettings(const TcSettings&) = delete;
-  TcSettings& operator=(const TcSettings&) = delete;
-
- private:
-  int64_t rows_;
-  int tile_;
-};
+using TcSettings = ScopedGemmDispatch<&gpu::raw::set_lin8_tc_min_rows, &gpu::raw::set_lin8_tc_tile>;
 
 // One Lin8 weight: host codes and scales, device copies, and the CPU reference's linear over them.
 struct Weight {
@@ -83,6 +70,22 @@ std::unique_ptr<Weight> make_weight(Rng& rng, int64_t in, int64_t out, bool few_
   const size_t n = static_cast<size_t>(in * out);
   return std::make_unique<Weight>(in, out, few_exponents ? few_exponent_codes(rng, n) : rng.e4m3_bytes(n),
                                   rng.e8m0_bytes(static_cast<size_t>(((out + 31) / 32) * (in / 32))));
+}
+
+// The weights of one group call, one per output count in order, and the group's outputs per row.
+struct WeightGroup {
+  std::vector<std::unique_ptr<Weight>> owned;
+  std::vector<const Weight*> parts;  // what group_args and run take
+  int64_t sum_out = 0;
+};
+WeightGroup make_weight_group(Rng& rng, int64_t in, const std::vector<int64_t>& outs, bool few_exponents) {
+  WeightGroup g;
+  for (int64_t o : outs) {
+    g.owned.push_back(make_weight(rng, in, o, few_exponents));
+    g.parts.push_back(g.owned.back().get());
+    g.sum_out += o;
+  }
+  return g;
 }
 
 // The group's arguments over rows [r0, r0 + m) of the quantised input (outputs not set).
@@ -164,17 +167,11 @@ void exact_case(const std::string& tag, int64_t in, const std::vector<int64_t>& 
   const std::string what = describe(tag, in, outs, m) + (round_bf16 ? " bf16" : " f32");
   SCOPED_TRACE(what);
   Rng rng(static_cast<uint64_t>(in * 13 + m * 5 + outs[0] * 3 + static_cast<int64_t>(outs.size())));
-  std::vector<std::unique_ptr<Weight>> ws;
-  std::vector<const Weight*> parts;
-  int64_t sum_out = 0;
-  for (int64_t o : outs) {
-    ws.push_back(make_weight(rng, in, o, true));
-    parts.push_back(ws.back().get());
-    sum_out += o;
-  }
+  const WeightGroup wg = make_weight_group(rng, in, outs, true);
+  const std::vector<const Weight*>& parts = wg.parts;
   const std::vector<float> x = narrow_range_x(rng, static_cast<size_t>(m * in));
   QuantAct qa(x, m, in);
-  const std::vector<int64_t> rows = checked_rows(m, in * sum_out);
+  const std::vector<int64_t> rows = checked_rows(m, in * wg.sum_out);
   std::vector<std::vector<float>> want;
   for (const Weight* w : parts) want.push_back(cpu_rows(*w, x, rows, round_bf16));
   for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
@@ -208,14 +205,8 @@ void bound_case(const std::string& tag, int64_t in, const std::vector<int64_t>& 
   const std::string what = describe(tag, in, outs, m) + (round_bf16 ? " bf16" : " f32") + " tile " + std::to_string(tile);
   SCOPED_TRACE(what);
   Rng rng(static_cast<uint64_t>(in * 17 + m * 3 + outs[0] + tile));
-  std::vector<std::unique_ptr<Weight>> ws;
-  std::vector<const Weight*> parts;
-  int64_t sum_out = 0;
-  for (int64_t o : outs) {
-    ws.push_back(make_weight(rng, in, o, false));
-    parts.push_back(ws.back().get());
-    sum_out += o;
-  }
+  const WeightGroup wg = make_weight_group(rng, in, outs, false);
+  const std::vector<const Weight*>& parts = wg.parts;
   const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
   QuantAct qa(x, m, in);
   const int64_t nb = in / 32;
@@ -223,7 +214,7 @@ void bound_case(const std::string& tag, int64_t in, const std::vector<int64_t>& 
   const std::vector<float> xsc = qa.scales.to_host<float>(static_cast<size_t>(m * nb));
   TcSettings tc(1, tile);
   const auto got = run(what, parts, qa, 0, m, round_bf16, false);
-  const std::vector<int64_t> rows = checked_rows(m, in * sum_out);
+  const std::vector<int64_t> rows = checked_rows(m, in * wg.sum_out);
   for (size_t p = 0; p < parts.size(); ++p) {
     const Weight& w = *parts[p];
     const std::vector<float> want = cpu_rows(w, x, rows, round_bf16);
@@ -272,12 +263,8 @@ void invariance_case(const std::string& tag, int64_t in, const std::vector<int64
   const std::string what = describe(tag, in, outs, m);
   SCOPED_TRACE(what);
   Rng rng(static_cast<uint64_t>(in * 19 + m + outs[0] * 5));
-  std::vector<std::unique_ptr<Weight>> ws;
-  std::vector<const Weight*> parts;
-  for (int64_t o : outs) {
-    ws.push_back(make_weight(rng, in, o, false));
-    parts.push_back(ws.back().get());
-  }
+  const WeightGroup wg = make_weight_group(rng, in, outs, false);
+  const std::vector<const Weight*>& parts = wg.parts;
   const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
   QuantAct qa(x, m, in);
   std::vector<std::vector<float>> ref;
@@ -400,21 +387,8 @@ TEST(GpuLin8TcGemm, PartialLastStageBatchTileAndGroupInvariant) {
 
 // Sets the CUDA-core GEMM's row threshold and forced tile while in scope (the path of calls with
 // exact_block_sums).
-class SequentialGemmSettings {
- public:
-  SequentialGemmSettings(int64_t min_rows, int tile)
-      : rows_(gpu::raw::set_lin8_gemm_min_rows(min_rows)), tile_(gpu::raw::set_lin8_gemm_tile(tile)) {}
-  ~SequentialGemmSettings() {
-    gpu::raw::set_lin8_gemm_min_rows(rows_);
-    gpu::raw::set_lin8_gemm_tile(tile_);
-  }
-  SequentialGemmSettings(const SequentialGemmSettings&) = delete;
-  SequentialGemmSettings& operator=(const SequentialGemmSettings&) = delete;
-
- private:
-  int64_t rows_;
-  int tile_;
-};
+using SequentialGemmSettings =
+    ScopedGemmDispatch<&gpu::raw::set_lin8_gemm_min_rows, &gpu::raw::set_lin8_gemm_tile>;
 
 // (4) on the partial-stage K: calls with exact_block_sums, full-range codes, bit-identical to the
 // CPU on every path they can take: the GEMV kernel, the automatic choice, and each CUDA-core GEMM
@@ -424,17 +398,11 @@ void sequential_case(const std::string& tag, int64_t in, const std::vector<int64
   const std::string what = describe(tag, in, outs, m) + (round_bf16 ? " bf16" : " f32") + " exact_block_sums";
   SCOPED_TRACE(what);
   Rng rng(static_cast<uint64_t>(in * 23 + m * 11 + outs[0] * 7 + static_cast<int64_t>(outs.size())));
-  std::vector<std::unique_ptr<Weight>> ws;
-  std::vector<const Weight*> parts;
-  int64_t sum_out = 0;
-  for (int64_t o : outs) {
-    ws.push_back(make_weight(rng, in, o, false));
-    parts.push_back(ws.back().get());
-    sum_out += o;
-  }
+  const WeightGroup wg = make_weight_group(rng, in, outs, false);
+  const std::vector<const Weight*>& parts = wg.parts;
   const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
   QuantAct qa(x, m, in);
-  const std::vector<int64_t> rows = checked_rows(m, in * sum_out);
+  const std::vector<int64_t> rows = checked_rows(m, in * wg.sum_out);
   std::vector<std::vector<float>> want;
   for (const Weight* w : parts) want.push_back(cpu_rows(*w, x, rows, round_bf16));
   TcSettings tc(1, 0);

@@ -12,6 +12,7 @@
 
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/loader/safetensors.h"
+#include "gemm_dispatch.h"
 #include "harness.h"
 #include "linear_inputs.h"
 #include "model/linears.h"
@@ -23,21 +24,7 @@ namespace {
 namespace gpu = ops::gpu;
 
 // Forces the dispatch threshold and CTA tile of the GEMM while in scope.
-class GemmSettings {
- public:
-  GemmSettings(int64_t min_rows, int tile)
-      : rows_(gpu::raw::set_lin8_gemm_min_rows(min_rows)), tile_(gpu::raw::set_lin8_gemm_tile(tile)) {}
-  ~GemmSettings() {
-    gpu::raw::set_lin8_gemm_min_rows(rows_);
-    gpu::raw::set_lin8_gemm_tile(tile_);
-  }
-  GemmSettings(const GemmSettings&) = delete;
-  GemmSettings& operator=(const GemmSettings&) = delete;
-
- private:
-  int64_t rows_;
-  int tile_;
-};
+using GemmSettings = ScopedGemmDispatch<&gpu::raw::set_lin8_gemm_min_rows, &gpu::raw::set_lin8_gemm_tile>;
 constexpr int64_t kNeverGemm = std::numeric_limits<int64_t>::max();
 
 struct Part {

@@ -569,9 +569,9 @@ void Impl::alloc_scratch() {
       {reinterpret_cast<void**>(&s.eg), m * K * inter * f},
       {reinterpret_cast<void**>(&s.eu), m * K * inter * f},
       // A split MoE layer (cuda_tp.cpp) keeps each pair of buffers it all-reduces back to back, so
-      // one call covers both: the shared expert's rows right after the pass's routed rows, su's
-      // rows right after sg's (Impl::moe_rows); hence one extra row set in each.
-      {reinterpret_cast<void**>(&s.routed), m * (K + 1) * dim * f},
+      // one call covers both: the shared expert's rows right after the pass's routed rows (one
+      // extra row set under tensor parallelism), su's rows right after sg's (Impl::moe_rows).
+      {reinterpret_cast<void**>(&s.routed), m * (K + (tp ? 1 : 0)) * dim * f},
       {reinterpret_cast<void**>(&s.sg), 2 * m * inter * f},
       {reinterpret_cast<void**>(&s.shared), m * dim * f},
       {reinterpret_cast<void**>(&s.engram_raw), engram_raw},

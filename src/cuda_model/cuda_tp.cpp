@@ -49,7 +49,8 @@ void Impl::tp_sum(float* d, int64_t count) {
 
 Impl::MoeRows Impl::moe_rows(const GpuBlock& b, int64_t n) const {
   if (!b.split) return {sc.sg, sc.su, sc.shared};
-  // The scratch holds m * (K + 1) routed rows and 2 * m * inter gate/up values (cuda_load.cpp).
+  // Under tensor parallelism the scratch holds m * (K + 1) routed rows and 2 * m * inter gate/up
+  // values (cuda_load.cpp alloc_scratch).
   DSV_ASSERT(n <= sc.m && b.top_k <= std::max(cfg.num_experts_per_tok, cfg.dspark_topk()),
              "split MoE rows: {} tokens of {}, top-k {}", n, sc.m, b.top_k);
   return {sc.sg, sc.sg + n * cfg.moe_intermediate_size, sc.routed + n * b.top_k * cfg.hidden_size};

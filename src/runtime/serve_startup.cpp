@@ -100,12 +100,13 @@ uint64_t cuda_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens, int64_t 
     if (c.ratio(l) > 0 && (min_ratio == 0 || c.ratio(l) < min_ratio)) min_ratio = c.ratio(l);
   const int64_t t_max = min_ratio > 0 ? std::max<int64_t>(1, max_context / min_ratio) : 1;
   // fp32 values per token of a pass: residual streams and mixes, attention (queries, outputs,
-  // compressor rows, indexer queries), MoE (routing, expert and shared activations) and Engram
+  // compressor rows, indexer queries), MoE (routing, expert and shared activations; the routed
+  // rows counted K + 1 times, as a tensor-parallel rank's arena holds them) and Engram
   // rows; then int32 lists, the raw Engram rows of every Engram layer, and the bytes of the
   // quantised activation codes with their scales. The logits hold min(chunk, logit_rows) rows; the
   // index score rows are sliced (index_score_slicing), so they do not grow with chunk x context.
   const int64_t floats = hc * dim + hc + 4 * dim + 2 * (2 + hc) * hc + c.q_lora_rank + 2 * H * hd + GR + 5 * hd + ihd +
-                         IH * ihd + IH + K + 2 * E + 3 * K * inter + K * dim + 2 * inter + edim + (hc + 1) * dim + edim;
+                         IH * ihd + IH + K + 2 * E + 3 * K * inter + (K + 1) * dim + 2 * inter + edim + (hc + 1) * dim + edim;
   const int64_t ints = tk + c.sliding_window + tk + K + std::max<int64_t>(1, cols) + 1 + 2 * 2;
   const int64_t engram_raw =
       static_cast<int64_t>(c.engram_layer_ids.size()) * cols * (c.engram_head_dim + (c.engram_head_dim + 31) / 32);

@@ -19,6 +19,7 @@
 
 #include "dsv41/common/error.h"
 #include "dsv41/ops/gpu_collapse_norm.h"
+#include "act_quant_check.h"
 #include "harness.h"
 #include "model/cpu_impl.h"
 #include "model/ops/mhc.h"
@@ -29,21 +30,6 @@ namespace dsv41::test {
 namespace {
 
 namespace gpu = ops::gpu;
-
-// Codes and scales against act_quant8 of the expected rows x [rows][k].
-void expect_codes(const std::string& what, const std::vector<float>& x, int64_t rows, int64_t k, const Guarded& dcodes,
-                  const Guarded& dscales) {
-  const int64_t nb = k / 32;
-  std::vector<float> want_codes(static_cast<size_t>(rows * k)), want_scales(static_cast<size_t>(rows * nb));
-  for (int64_t r = 0; r < rows; ++r) model::act_quant8(&x[r * k], k, &want_codes[r * k], &want_scales[r * nb]);
-  const std::vector<uint8_t> bytes = dcodes.host<uint8_t>();
-  std::vector<float> got_codes(bytes.size());
-  for (size_t i = 0; i < bytes.size(); ++i) got_codes[i] = e4m3_to_f32(bytes[i]);
-  expect_equal(what + " codes", got_codes, want_codes);
-  expect_equal(what + " scales", dscales.host<float>(), want_scales);
-  expect_guards(what + " codes", dcodes);
-  expect_guards(what + " scales", dscales);
-}
 
 // One collapse + RMSNorm case on the device: n rows of hc streams of the config's hidden width
 // (one float off the 16-byte grid when `unaligned`), weights w_stride apart, the output normed in
@@ -89,7 +75,7 @@ CollapseNormRun make_collapse_norm_run(const ModelConfig& c, int64_t hc, int64_t
 void expect_collapse_norm(const std::string& what, const CollapseNormRun& r, int64_t n, int64_t dim, bool codes) {
   expect_equal(what, r.dx.host<float>(), r.want);
   expect_guards(what, r.dx);
-  if (codes) expect_codes(what, r.want, n, dim, r.dcodes, r.dscales);
+  if (codes) expect_act_quant(what, r.want, n, dim, r.dcodes, r.dscales);
 }
 
 TEST(GpuCollapseNorm, FusedCollapseNormExact) {
@@ -161,7 +147,7 @@ TEST(GpuCollapseNorm, RmsNormFewRowsBothFormsExact) {
         expect_equal(what, got, want);
         expect_guards(what, in_place ? dx : dout);
         if (quant) {
-          expect_codes(what, want, rows, d, dcodes, dscales);
+          expect_act_quant(what, want, rows, d, dcodes, dscales);
           expect_equal(what + " bf16 copy", dbits.host<uint16_t>(), to_bf16_bits(want));
           expect_guards(what + " bf16 copy", dbits);
         }

@@ -41,6 +41,7 @@
 #include "dsv41/ops/gpu_buffer.h"
 #include "dsv41/ops/gpu_ops.h"
 #include "model/linears.h"
+#include "gemm_dispatch.h"
 #include "linear_inputs.h"
 #include "ops/dense_gemm.h"
 #include "ops/dense_stream.h"
@@ -280,28 +281,13 @@ void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vec
 constexpr double kFmaTflops = 67.0;  // H200 fp32 FMA ceiling: 132 SMs x 128 lanes x 2 flops x 1.98 GHz
 
 // Forces the Lin8 GEMM dispatch threshold and CTA tile while in scope.
-struct GemmMode {
-  int64_t rows;
-  int tile;
-  GemmMode(int64_t min_rows, int t) : rows(gpu::raw::set_lin8_gemm_min_rows(min_rows)), tile(gpu::raw::set_lin8_gemm_tile(t)) {}
-  ~GemmMode() {
-    gpu::raw::set_lin8_gemm_min_rows(rows);
-    gpu::raw::set_lin8_gemm_tile(tile);
-  }
-};
+// Forces the Lin8 GEMM's threshold and tile while in scope (gemm_dispatch.h).
+using GemmMode = test::ScopedGemmDispatch<&gpu::raw::set_lin8_gemm_min_rows, &gpu::raw::set_lin8_gemm_tile>;
 
 constexpr int kGemmTiles = 5;  // forced CTA tiles of lin8_gemm (raw::set_lin8_gemm_tile)
 
 // Forces the tensor-core Lin8 GEMM's threshold and tile while in scope.
-struct TcMode {
-  int64_t rows;
-  int tile;
-  TcMode(int64_t min_rows, int t) : rows(gpu::raw::set_lin8_tc_min_rows(min_rows)), tile(gpu::raw::set_lin8_tc_tile(t)) {}
-  ~TcMode() {
-    gpu::raw::set_lin8_tc_min_rows(rows);
-    gpu::raw::set_lin8_tc_tile(tile);
-  }
-};
+using TcMode = test::ScopedGemmDispatch<&gpu::raw::set_lin8_tc_min_rows, &gpu::raw::set_lin8_tc_tile>;
 
 void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std::vector<int64_t>& ms, int iters) {
   const Lin8Weight wt(in, out);
@@ -826,13 +812,11 @@ int main(int argc, char** argv) {
                             {"gemm 128x128", 1, 2}};
       for (const Mode& mode : modes) {
         std::printf("-- dense: %s\n", mode.name);
-        const int64_t prev_rows = gpu::raw::set_dense_gemm_min_rows(mode.min_rows);
-        const int prev_tile = gpu::raw::set_dense_gemm_tile(mode.tile);
+        const test::ScopedGemmDispatch<&gpu::raw::set_dense_gemm_min_rows, &gpu::raw::set_dense_gemm_tile> scoped(
+            mode.min_rows, mode.tile);
         bench_dense("wo_a", gpu::DenseType::BF16, H * hd / c.o_groups, c.o_lora_rank, c.o_groups, true, md, 10, 256);
         bench_dense("compressor", gpu::DenseType::F32, dim, hd, 1, false, md, 10, hd);
         bench_dense("compressor r1", gpu::DenseType::BF16, dim, hd, 1, true, md, 10, hd);
-        gpu::raw::set_dense_gemm_min_rows(prev_rows);
-        gpu::raw::set_dense_gemm_tile(prev_tile);
       }
       std::printf("comparisons failed: %d\n", g_failures);
       return g_failures ? 1 : 0;

@@ -14,6 +14,7 @@
 
 #include "../serve/http_client.h"
 #include "../serve/test_tokenizer.h"
+#include "../support/openai_answers.h"
 #include "../support/process.h"
 
 using namespace dsv41;
@@ -85,19 +86,7 @@ class GpuServer {
   }
   // The value of a /metrics gauge or counter (its first sample), NaN when absent.
   double metric(const std::string& name) const {
-    const std::string m = test_support::http_request(port_, "GET", "/metrics").body;
-    size_t p = 0;
-    while ((p = m.find(name, p)) != std::string::npos) {
-      const bool line_start = p == 0 || m[p - 1] == '\n';
-      const char next = p + name.size() < m.size() ? m[p + name.size()] : '\0';
-      if (line_start && (next == '{' || next == ' ')) {
-        const size_t eol = m.find('\n', p);
-        const std::string line = m.substr(p, eol - p);
-        return std::stod(line.substr(line.rfind(' ') + 1));
-      }
-      p += name.size();
-    }
-    return std::nan("");
+    return test::metric_sample(test_support::http_request(port_, "GET", "/metrics").body, name);
   }
 
   // Waits (a few seconds at most) for the engine loop to publish an empty pool; true when it did.
@@ -124,25 +113,13 @@ J greedy_request(const std::vector<int32_t>& prompt, int max_tokens, bool stream
           {"ignore_eos", true}, {"return_token_ids", true}, {"stream", stream}};
 }
 
-std::vector<int32_t> completion_ids(const test_support::HttpResult& r) {
-  EXPECT_EQ(r.status, 200) << r.body;
-  if (r.status != 200) return {};
-  return J::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-}
-
+// The token ids and finish reason of choice 0 of a streamed answer.
 std::vector<int32_t> stream_ids(const test_support::HttpResult& r, std::string* finish) {
   EXPECT_EQ(r.status, 200) << r.body;
-  std::vector<int32_t> ids;
-  for (const std::string& e : test_support::sse_events(r.body)) {
-    if (e == "[DONE]") continue;
-    const J chunk = J::parse(e);
-    for (const J& c : chunk["choices"]) {
-      if (c.contains("token_ids"))
-        for (const J& x : c["token_ids"]) ids.push_back(x.get<int32_t>());
-      if (c.contains("finish_reason") && c["finish_reason"].is_string()) *finish = c["finish_reason"].get<std::string>();
-    }
-  }
-  return ids;
+  const test::StreamedAnswer a = test::parse_stream(r);
+  if (a.choices.empty()) return {};
+  *finish = a.choices[0].finish_reason;
+  return a.choices[0].ids;
 }
 
 }  // namespace
@@ -153,7 +130,7 @@ TEST(GpuServe, GreedyCompletionEqualsTheFixtureAndTheLogSaysCuda) {
   const J g = golden();
   const auto prompt = g["prompt_ids"].get<std::vector<int32_t>>();
   const auto expect = g["greedy_ids"].get<std::vector<int32_t>>();
-  EXPECT_EQ(completion_ids(s.post(greedy_request(prompt, static_cast<int>(expect.size()), false))), expect);
+  EXPECT_EQ(test::answer_ids(s.post(greedy_request(prompt, static_cast<int>(expect.size()), false))), expect);
   std::string finish;
   EXPECT_EQ(stream_ids(s.post(greedy_request(prompt, static_cast<int>(expect.size()), true)), &finish), expect);
   EXPECT_EQ(finish, "length");
@@ -175,7 +152,7 @@ TEST(GpuServe, ConcurrentStreamsEqualSequentialRunsAndThePoolEmpties) {
   std::vector<std::vector<int32_t>> prompts, sequential(shapes.size()), concurrent(shapes.size());
   for (auto [len, n] : shapes) prompts.emplace_back(full.begin(), full.begin() + len);
   for (size_t i = 0; i < shapes.size(); ++i) {
-    sequential[i] = completion_ids(s.post(greedy_request(prompts[i], shapes[i].second, false)));
+    sequential[i] = test::answer_ids(s.post(greedy_request(prompts[i], shapes[i].second, false)));
     ASSERT_EQ(sequential[i].size(), static_cast<size_t>(shapes[i].second)) << i;
   }
   EXPECT_TRUE(s.pool_empties());
@@ -212,7 +189,7 @@ TEST(GpuServe, APromptOverTheContextGetsTheOpenAIErrorAndTheServerStaysHealthy) 
   EXPECT_EQ(test_support::http_request(s.port(), "GET", "/health").status, 200);
   const J g = golden();
   const auto expect = g["greedy_ids"].get<std::vector<int32_t>>();
-  EXPECT_EQ(completion_ids(s.post(greedy_request(g["prompt_ids"].get<std::vector<int32_t>>(), static_cast<int>(expect.size()), false))),
+  EXPECT_EQ(test::answer_ids(s.post(greedy_request(g["prompt_ids"].get<std::vector<int32_t>>(), static_cast<int>(expect.size()), false))),
             expect);
   EXPECT_TRUE(s.pool_empties());
 }
@@ -226,7 +203,7 @@ TEST(GpuServe, SpeculativeDecodingKeepsGreedyOutputExact) {
   const J g = golden();
   const auto prompt = g["prompt_ids"].get<std::vector<int32_t>>();
   const auto expect = g["greedy_ids"].get<std::vector<int32_t>>();
-  EXPECT_EQ(completion_ids(s.post(greedy_request(prompt, static_cast<int>(expect.size()), false))), expect);
+  EXPECT_EQ(test::answer_ids(s.post(greedy_request(prompt, static_cast<int>(expect.size()), false))), expect);
   GpuServer plain;
   ASSERT_TRUE(plain.up()) << plain.log_text();
   const std::vector<std::pair<int, int>> shapes = {{9, 18}, {33, 11}, {50, 27}, {71, 16}};
@@ -234,7 +211,7 @@ TEST(GpuServe, SpeculativeDecodingKeepsGreedyOutputExact) {
   std::vector<std::thread> th;
   for (size_t i = 0; i < shapes.size(); ++i) {
     const std::vector<int32_t> p(prompt.begin(), prompt.begin() + shapes[i].first);
-    want[i] = completion_ids(plain.post(greedy_request(p, shapes[i].second, false)));
+    want[i] = test::answer_ids(plain.post(greedy_request(p, shapes[i].second, false)));
     th.emplace_back([&, i, p] {
       std::string finish;
       got[i] = stream_ids(s.post(greedy_request(p, shapes[i].second, true)), &finish);

@@ -4,7 +4,8 @@
 // expert, one bf16 rounding).
 //
 // The gate GEMV stages the gate row and the token in shared memory (chain_swizzle layout) and runs
-// each 256-wide K block's fma chain on its own thread (prefill passes of 64 or more tokens: the
+// each 256-wide K block's fma chain on its own thread (2 to 4 tokens: one block per expert, each
+// thread running its K block's chains of all of them; prefill passes of 64 or more tokens: the
 // register-tiled chain GEMM of ops/chain_gemm.cuh); selection keeps each lane's candidate
 // scores in registers; the combine finds the expert-id order once per block. All keep the
 // reference's order and rounding.
@@ -14,13 +15,15 @@
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
+#include "ops/staged_chain.cuh"
 
 namespace dsv41::ops::gpu {
 namespace {
 
 constexpr int kRouterWarps = 8;
 constexpr int kMaxExperts = 1024;
-constexpr int kMaxTopk = 32;
+constexpr int kMaxTopk = 32;  // the host check on RouterArgs::top_k (gpu_ops.cpp)
+static_assert(kMaxTopk <= 32, "router_select_kernel keeps round i's pick in lane i");
 constexpr int kScoreThreads = 128;
 constexpr int kCombineThreads = 256;
 constexpr int kMaxCombineTopk = 256;
@@ -43,37 +46,74 @@ __device__ __forceinline__ void store_score(const RouterArgs& a, int64_t t, int6
 // Scores of expert blockIdx.x for tokens_per_block consecutive tokens: the gate row is staged once,
 // then each token; thread b runs K block b's chain (gemm_dot_f32), thread 0 adds the blocks in K
 // order from zero.
-// The gate row (a weight: no kernel writes it) is staged before the wait for the previous kernel:
-// with PDL the 384 CTAs of a decode step copy the whole gate while the one-CTA norm before them runs
-// (H200 decode step: 7.9 -> 6.3 us from the norm's end; without PDL +0.5 us, two staging rounds).
+// The gate row (a weight: no kernel writes it) is requested before the wait for the previous
+// kernel: with PDL the 384 CTAs of a decode step copy the whole gate while the one-CTA norm before
+// them runs (H200 decode step: 7.9 -> 6.3 us from the norm's end; without PDL +0.5 us, two staging
+// rounds). Both rows go in by cp.async and the chains run on immediate-offset loads
+// (staged_chain.cuh) rather than swizzled_chain_dot's 64-bit per-step address arithmetic.
 __global__ void __launch_bounds__(kScoreThreads) router_scores_staged_kernel(RouterArgs a, int64_t tokens_per_block) {
   extern __shared__ float4 smem_f4[];
-  const int64_t e = blockIdx.x, rows = dev::chain_rows_size(a.dim), blocks = (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
+  const int64_t e = blockIdx.x;
+  const int dim = static_cast<int>(a.dim), rows = static_cast<int>(dev::chain_rows_size(a.dim));
+  const int blocks = (dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
   float* sw = reinterpret_cast<float*>(smem_f4);
   float* sx = sw + rows;
   float* part = sx + rows;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * tokens_per_block;
   const int64_t t1 = t0 + tokens_per_block < a.n ? t0 + tokens_per_block : a.n;
-  {
-    float* const dst[1] = {sw};
-    const float* const src[1] = {a.gate_w + e * a.dim};
-    dev::block_stage_swizzled<1>(dst, src, a.dim);
-  }
+  dev::stage_swizzled_async(sw, a.gate_w + e * a.dim, dim);
   dev::pdl_enter();
   for (int64_t t = t0; t < t1; ++t) {
-    {
-      float* const dst[1] = {sx};
-      const float* const src[1] = {a.x + t * a.dim};
-      dev::block_stage_swizzled<1>(dst, src, a.dim);
-    }
+    dev::stage_swizzled_async(sx, a.x + t * a.dim, dim);
+    dev::cp_async_wait_all();
     __syncthreads();
-    for (int64_t b = threadIdx.x; b < blocks; b += kScoreThreads) {
-      const int64_t k0 = b * dev::kGemmKBlock, k1 = k0 + dev::kGemmKBlock < a.dim ? k0 + dev::kGemmKBlock : a.dim;
-      part[b] = dev::swizzled_chain_dot(sw, sx, k0, k1);
+    for (int b = threadIdx.x; b < blocks; b += kScoreThreads) {
+      const int k0 = b * dev::kGemmKBlock, k1 = k0 + dev::kGemmKBlock < dim ? k0 + dev::kGemmKBlock : dim;
+      part[b] = dev::staged_chain_dot(sw, sx, k0, k1);
     }
     __syncthreads();  // also: the next token's staging starts after every chain has read sx
     if (threadIdx.x == 0) store_score(a, t, e, dev::ordered_sum(0.0f, part, blocks));
   }
+}
+
+// Decode batches of 2 to kScoreMultiMaxTokens tokens: one block per expert for all N tokens (the
+// one-token kernel would take N blocks per expert, each staging the gate row again: at N = 4, 1536
+// blocks in ~2.3 waves of 5 per SM). The gate row and the N token rows are staged once; thread b
+// runs K block b's N chains together (staged_chain_block_multi: each gate value loaded once, the N
+// independent chains interleaved), each chain the same fma sequence from zero as the one-token
+// kernel's; thread r < N then adds token r's blocks in K order from zero.
+constexpr int kScoreMultiMaxTokens = 4;
+template <int N>
+__global__ void __launch_bounds__(kScoreThreads) router_scores_multi_kernel(RouterArgs a) {
+  extern __shared__ float4 smem_f4[];
+  const int64_t e = blockIdx.x;
+  const int dim = static_cast<int>(a.dim), rows = static_cast<int>(dev::chain_rows_size(a.dim));
+  const int blocks = (dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
+  float* sw = reinterpret_cast<float*>(smem_f4);
+  float* sx = sw + rows;  // N rows of `rows` floats
+  float* part = sx + N * rows;  // [N][blocks]
+  dev::stage_swizzled_async(sw, a.gate_w + e * a.dim, dim);
+  dev::pdl_enter();
+#pragma unroll
+  for (int r = 0; r < N; ++r) dev::stage_swizzled_async(sx + r * rows, a.x + r * a.dim, dim);
+  dev::cp_async_wait_all();
+  __syncthreads();
+  for (int b = threadIdx.x; b < blocks; b += kScoreThreads) {
+    const int k0 = b * dev::kGemmKBlock, k1 = k0 + dev::kGemmKBlock < dim ? k0 + dev::kGemmKBlock : dim;
+    if (k1 - k0 == dev::kGemmKBlock) {
+      float acc[N];
+#pragma unroll
+      for (int r = 0; r < N; ++r) acc[r] = 0.0f;
+      dev::staged_chain_block_multi<N>(sw, sx, rows, b, acc);
+#pragma unroll
+      for (int r = 0; r < N; ++r) part[r * blocks + b] = acc[r];
+    } else {
+#pragma unroll
+      for (int r = 0; r < N; ++r) part[r * blocks + b] = dev::staged_chain_dot(sw, sx + r * rows, k0, k1);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < N) store_score(a, threadIdx.x, e, dev::ordered_sum(0.0f, part + threadIdx.x * blocks, blocks));
 }
 
 // Prefill passes (n >= kScoreTiledMinTokens): the gate logits as one register-tiled chain GEMM
@@ -113,11 +153,23 @@ __global__ void router_scores_kernel(RouterArgs a) {
   if ((threadIdx.x & 31) == 0) store_score(a, t, e, z);
 }
 
+// The selection key of a biased score: unsigned order = the selection's order of values (NaN above
+// everything, -0 equal to +0, otherwise larger first). 0 is no real value's key (a negative value's
+// key is at least ~bits(-inf) = 0x007fffff), so it marks a taken or absent expert.
+__device__ __forceinline__ uint32_t select_key(float v) {
+  if (isnan(v)) return 0xffffffffu;
+  const uint32_t u = v == 0.0f ? 0u : __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 // Selection of one token: one warp, top-k by repeated warp argmax (larger value first, NaN above
 // everything, lower id on ties), then the unbiased weights in selection order.
-// Lane l holds the biased and unbiased scores of experts l, l+32, ... in registers (loaded once,
-// all in flight) and a bit per expert it has already handed out; the winner's unbiased score
-// travels with it through the warp argmax.
+// Lane l holds the keys (select_key) and unbiased scores of experts l, l+32, ... in registers
+// (loaded once, all in flight) and its best untaken candidate (the lowest id among its largest
+// keys). A round is two warp reductions (redux.sync: the largest key, then the lowest id holding it)
+// in place of five shuffle steps of three values each; only the winner's lane rescans its
+// candidates. Lane i keeps round i's expert and score and writes them; the weight sum runs in
+// selection order in every lane. (H200, one token of 384 experts, top 6: was 7.3 us own time.)
 template <int kPerLane>
 __global__ void router_select_kernel(RouterArgs a) {
   dev::pdl_enter();
@@ -125,54 +177,52 @@ __global__ void router_select_kernel(RouterArgs a) {
   const int lane = threadIdx.x & 31;
   const float* score = a.scratch + t * 2 * a.n_experts;
   const float* biased = score + a.n_experts;
-  float vals[kPerLane], svals[kPerLane];
+  const int n_experts = static_cast<int>(a.n_experts), top_k = static_cast<int>(a.top_k);
+  uint32_t key[kPerLane];
+  float svals[kPerLane];
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
-    const int64_t e = lane + 32 * j;
-    vals[j] = e < a.n_experts ? biased[e] : 0.0f;
-    svals[j] = e < a.n_experts ? score[e] : 0.0f;
+    const int e = lane + 32 * j;
+    key[j] = e < n_experts ? select_key(biased[e]) : 0u;
+    svals[j] = e < n_experts ? score[e] : 0.0f;
   }
-  uint32_t taken = 0;
-  int sel[kMaxTopk];
-  float sel_score[kMaxTopk];
-  for (int64_t i = 0; i < a.top_k; ++i) {
-    float best = 0.0f, best_s = 0.0f;
-    int best_e = -1;
+  uint32_t best_key = 0;
+  int best_j = 0;
+  float best_s = 0.0f;
+  auto rescan = [&] {  // strict >: the first (lowest id) of equal keys
+    best_key = 0;
+    best_j = 0;
+    best_s = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int64_t e = lane + 32 * j;
-      if (e >= a.n_experts || ((taken >> j) & 1u)) continue;
-      const float v = vals[j];
-      const bool better = best_e < 0 || (isnan(v) && !isnan(best)) || (!isnan(best) && v > best);
-      if (better) best = v, best_e = static_cast<int>(e), best_s = svals[j];
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(dev::kFull, best, o);
-      const int oe = __shfl_xor_sync(dev::kFull, best_e, o);
-      const float os = __shfl_xor_sync(dev::kFull, best_s, o);
-      bool take = false;
-      if (oe >= 0) {
-        if (best_e < 0) take = true;
-        else if (isnan(ov) != isnan(best)) take = isnan(ov);
-        else if (!isnan(ov) && ov != best) take = ov > best;
-        else take = oe < best_e;
+    for (int j = 0; j < kPerLane; ++j)
+      if (key[j] > best_key) best_key = key[j], best_j = j, best_s = svals[j];
+  };
+  rescan();
+  int my_sel = -1;
+  float my_score = 0.0f, sum = 0.0f;
+  for (int i = 0; i < top_k; ++i) {
+    const uint32_t top = __reduce_max_sync(dev::kFull, best_key);
+    int sel = -1;
+    float sel_score = 0.0f;
+    if (top != 0) {
+      sel = static_cast<int>(__reduce_min_sync(dev::kFull, best_key == top ? static_cast<uint32_t>(lane + 32 * best_j) : 0xffffffffu));
+      sel_score = __shfl_sync(dev::kFull, best_s, sel & 31);
+      if ((sel & 31) == lane) {
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j)
+          if (j == best_j) key[j] = 0;
+        rescan();
       }
-      if (take) best = ov, best_e = oe, best_s = os;
     }
-    sel[i] = best_e;
-    sel_score[i] = best_e >= 0 ? best_s : 0.0f;
-    if (best_e >= 0 && (best_e & 31) == lane) taken |= 1u << (best_e >> 5);
+    sum = __fadd_rn(sum, sel_score);
+    if (lane == i) my_sel = sel, my_score = sel_score;
   }
-  if (lane != 0) return;
-  float sum = 0.0f;
-  for (int64_t i = 0; i < a.top_k; ++i) sum = __fadd_rn(sum, sel_score[i]);
-  for (int64_t i = 0; i < a.top_k; ++i) {
-    float w = sel_score[i];
-    if (a.norm_topk && a.top_k > 1) w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
-    w = __fmul_rn(w, a.route_scale);
-    a.ids[t * a.top_k + i] = sel[i];
-    a.weights[t * a.top_k + i] = w;
-  }
+  if (lane >= top_k) return;
+  float w = my_score;
+  if (a.norm_topk && top_k > 1) w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
+  w = __fmul_rn(w, a.route_scale);
+  a.ids[t * a.top_k + lane] = my_sel;
+  a.weights[t * a.top_k + lane] = w;
 }
 
 __global__ void swiglu_kernel(SwigluArgs a) {
@@ -241,7 +291,16 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_ordered_kernel(Mo
   if (d >= a.dim) return;
   const float* routed = a.routed + t * a.top_k * a.dim + d;
   float y = 0.0f;
-  for (int s = 0; s < count; ++s) y = __fadd_rn(y, routed[static_cast<int64_t>(order[s]) * a.dim]);
+  // a batch's loads all in flight before its adds (the adds in slot order, as one by one)
+  constexpr int kBatch = 8;
+  for (int s0 = 0; s0 < count; s0 += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = s0 + u < count ? routed[static_cast<int64_t>(order[s0 + u]) * a.dim] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (s0 + u < count) y = __fadd_rn(y, v[u]);
+  }
   a.out[t * a.dim + d] = dev::bf16_round(__fadd_rn(y, a.shared[t * a.dim + d]));
 }
 
@@ -250,18 +309,43 @@ unsigned elem_grid(int64_t total) {
   return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
 }
 
+// The selection kernel for the expert count (registers for 32 candidates per lane at most).
+void launch_select(const RouterArgs& b, cudaStream_t s) {
+  const unsigned grid = static_cast<unsigned>(b.n);
+  if (b.n_experts <= 128) launch_pdl(router_select_kernel<4>, grid, 32, 0, s, b);
+  else if (b.n_experts <= 512) launch_pdl(router_select_kernel<16>, grid, 32, 0, s, b);
+  else launch_pdl(router_select_kernel<kMaxExperts / 32>, grid, 32, 0, s, b);
+}
+
+template <int N>
+cudaError_t launch_scores_multi(const RouterArgs& a, size_t smem, cudaStream_t s) {
+  const cudaError_t e = allow_dynamic_smem<router_scores_multi_kernel<N>>(smem);
+  if (e != cudaSuccess) return e;
+  launch_pdl(router_scores_multi_kernel<N>, static_cast<unsigned>(a.n_experts), kScoreThreads, smem, s, a);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 namespace raw {
 cudaError_t router(const RouterArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
-  // decode-sized batches: one token per block (all in parallel); larger ones share each staged gate
-  // row between 8 tokens
+  const int64_t rows = (a.dim + 255) / 256 * 256, k_blocks = (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;  // chain_rows_size
+  // 2 to 4 tokens (decode batches): every token's scores from one block per expert
+  const size_t multi_smem = static_cast<size_t>((1 + a.n) * rows + a.n * k_blocks) * sizeof(float);
+  if (a.n >= 2 && a.n <= kScoreMultiMaxTokens && multi_smem <= kMaxStagedSmem) {
+    const cudaError_t e = a.n == 2   ? launch_scores_multi<2>(a, multi_smem, s)
+                          : a.n == 3 ? launch_scores_multi<3>(a, multi_smem, s)
+                                     : launch_scores_multi<4>(a, multi_smem, s);
+    if (e != cudaSuccess) return e;
+    launch_select(a, s);
+    return cudaGetLastError();
+  }
+  // other decode-sized batches: one token per block (all in parallel); larger ones share each staged
+  // gate row between 8 tokens
   const int64_t tokens_per_block = a.n <= 8 ? 1 : 8;
-  const size_t staged_smem =
-      static_cast<size_t>(2 * ((a.dim + 255) / 256 * 256) + (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock) * sizeof(float);
+  const size_t staged_smem = static_cast<size_t>(2 * rows + k_blocks) * sizeof(float);
   const bool staged = staged_smem <= kMaxStagedSmem;
-  const int64_t k_blocks = (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;
   const int tiled_warps = dev::chain_warps(k_blocks, kScoreTiledMaxWarps);
   const size_t tiled_smem = static_cast<size_t>(RouterTile::smem_floats(tiled_warps)) * sizeof(float);
   const bool tiled = a.n >= kScoreTiledMinTokens && k_blocks > 0 && tiled_smem <= kMaxStagedSmem;
@@ -297,9 +381,7 @@ cudaError_t router(const RouterArgs& a, cudaStream_t s) {
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
-    if (a.n_experts <= 128) launch_pdl(router_select_kernel<4>, static_cast<unsigned>(b.n), 32, 0, s, b);
-    else if (a.n_experts <= 512) launch_pdl(router_select_kernel<16>, static_cast<unsigned>(b.n), 32, 0, s, b);
-    else launch_pdl(router_select_kernel<kMaxExperts / 32>, static_cast<unsigned>(b.n), 32, 0, s, b);
+    launch_select(b, s);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

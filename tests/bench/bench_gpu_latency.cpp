@@ -1,10 +1,11 @@
 // Micro-benchmark of the latency-bound small kernels of a decode step at the real shapes
 // (configs/deepseek-v4.1-flash.json): RMSNorm, the mHC mix / collapse / expand, the router, SwiGLU,
-// the MoE combine, the Engram gate, ActQuant8 and RoPE, at m = 1, 2, 4 token rows and at the
-// prefill pass size 256. Prints µs per call (mean of back-to-back launches), the bytes each call
-// must move, GB/s and the share of the 4.3 TB/s copy ceiling, and the µs/call of the decode
-// profile before the staged kernels (bench/RESULTS.md, batch 1, CUPTI kernel time) where it has
-// one. µs per call are given launched back to back on a stream and replayed from a CUDA graph.
+// the MoE combine (alone and inside the MoE site's expand), the Engram gate, ActQuant8 and RoPE, at
+// m = 1, 2, 4 token rows and at the prefill pass size 256. Prints µs per call (mean of back-to-back
+// launches), the bytes each call must move, GB/s and the share of the 4.3 TB/s copy ceiling, and
+// the µs/call of the decode profile before the staged kernels (bench/RESULTS.md, batch 1, CUPTI
+// kernel time) where it has one. µs per call are given launched back to back on a stream and
+// replayed from a CUDA graph.
 //
 // Programmatic dependent launch (kernels/ops/pdl.cuh) is on unless DSV41_NO_PDL is set: run the
 // benchmark both ways to see its gain (the header line says which). "layer chain" runs a decode
@@ -289,6 +290,38 @@ int main() {
         check_equal("hc_expand", dh2.to_host<float>(want.size()), want);
       }
       report("hc_expand", m, [&](cudaStream_t st) { gpu::hc_expand(e, st); }, f4 * (2 * m * k + m * dim), 0.0);
+      // the MoE site's form: the combine of the routed and shared rows made in the expand's launch
+      gpu::HcExpandArgs em = e;
+      em.y = nullptr;
+      em.routed = drouted.as<float>();
+      em.ids = dcids.as<int32_t>();
+      em.top_k = K;
+      em.shared = dshared.as<float>();
+      em.y_out = dout.as<float>();
+      if (chk) {
+        dh2.upload(h.data(), h.size() * 4);
+        gpu::hc_expand(em, nullptr);
+        std::vector<float> want(h.begin(), h.begin() + m * k), want_y(static_cast<size_t>(m * dim));
+        for (int64_t t = 0; t < m; ++t) {
+          std::vector<int64_t> ord(static_cast<size_t>(K));
+          std::iota(ord.begin(), ord.end(), 0);
+          std::sort(ord.begin(), ord.end(), [&](int64_t p, int64_t r) { return ids[t * K + p] < ids[t * K + r]; });
+          for (int64_t d = 0; d < dim; ++d) {
+            float y = 0.0f;
+            for (int64_t i : ord) y += routed[(t * K + i) * dim + d];
+            want_y[t * dim + d] = bf16_round(y + shared[t * dim + d]);
+          }
+          model::HcMix mx;
+          std::copy_n(&mixv[t * n_mix], hc, mx.pre);
+          std::copy_n(&mixv[t * n_mix + hc], hc, mx.post);
+          std::copy_n(&mixv[t * n_mix + 2 * hc], hc * hc, mx.comb);
+          model::hc_expand(&want_y[t * dim], &want[t * k], mx, hc, dim);
+        }
+        check_equal("expand+moe y", dout.to_host<float>(want_y.size()), want_y);
+        check_equal("expand+moe", dh2.to_host<float>(want.size()), want);
+      }
+      report("expand+moe", m, [&](cudaStream_t st) { gpu::hc_expand(em, st); },
+             f4 * (2 * m * k + m * K * dim + 2 * m * dim) + 4.0 * m * K, 0.0);
     }
     // ---- router ----
     {

@@ -156,6 +156,7 @@ std::unique_ptr<Checkpoint> check_cuda_memory(const ServeOptions& o, const model
   auto ck = Checkpoint::open(o.model_dir, co);
   runtime::ServeMemoryPlan plan;
   plan.weight_bytes = runtime::checkpoint_weight_bytes(*ck);
+  plan.world_size = o.world_size;  // rank 0 of a tensor-parallel run holds its share of the weights
   plan.kv_cache_gib = o.kv_cache_gib;
   plan.engram_cache_gib = o.engram_cache_gib;
   plan.max_num_seqs = o.max_num_seqs;

@@ -21,6 +21,7 @@
 #include "dsv41/dist/collective.h"
 #include "dsv41/loader/checkpoint.h"
 #include "dsv41/model/cuda_model.h"
+#include "dsv41/model/cuda_scratch_plan.h"
 #include "dsv41/ops/exl3_gpu.h"
 #include "dsv41/ops/gpu_buffer.h"
 #include "dsv41/ops/gpu_ops.h"
@@ -136,7 +137,9 @@ struct QuantizedInput {
   bool empty() const { return codes == nullptr; }
 };
 
-// The scratch arena: one allocation carved into the forward's buffers for `m` tokens per pass.
+// The scratch arena: one allocation carved into the forward's buffers for `m` tokens per pass. The
+// layout is plan_cuda_scratch's (dsv41/model/cuda_scratch_plan.h): buffers of different phases of a
+// layer (attention, MoE, Engram, the head) share memory, so a buffer is only valid within its phase.
 struct Scratch {
   DeviceBuffer arena;
   int64_t m = 0, t_max = 0;  // tokens per pass, score columns
@@ -247,6 +250,7 @@ struct Impl {
   size_t exl3_ws_bytes = 0, exl3_moe_ws_bytes = 0;  // sizes gathered while loading
   std::vector<std::array<int32_t, 4>> exl3_shapes;  // (k, n, bits, codebook) already sized
   Scratch sc;
+  std::array<int64_t, kScratchPhases> scratch_phase_bytes{};  // the arena's phases (ScratchPlan::phase_bytes)
   cudaStream_t stream = nullptr;
   // Pinned host staging: raw Engram rows of every Engram layer for one pass ([layer][n·cols] rows,
   // uploaded before the pass's first kernel into sc.engram_raw), index scores [n][T], selections [n][k].

@@ -4,6 +4,7 @@
 #include "cuda_model/cuda_impl.h"
 #include "cuda_model/cuda_dspark.h"
 #include "cuda_model/cuda_upload.h"
+#include "dsv41/model/cuda_scratch_plan.h"
 
 #if DSV41_HAS_CUDA
 #include <spdlog/spdlog.h>
@@ -466,12 +467,18 @@ void Impl::load(const std::string& dir) {
   ops::gpu::check_cuda(cudaDeviceSynchronize(), "weight upload");
   const CudaMemoryBreakdown mem = memory_breakdown();
   const auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
+  // The arena's phases (cuda_scratch_plan.h): the common pieces, then one region that the
+  // attention, MoE, Engram and head buffers share (the largest of them sizes it).
+  const auto phase_mib = [&](ScratchPhase ph) { return mib(scratch_phase_bytes[static_cast<size_t>(ph)]); };
   spdlog::info("cuda model: {} layers on device {}; memory: weights {:.1f} MiB (fp8 {:.1f}, fp4 {:.1f}, exl3 {:.1f}, "
                "dense {:.1f}), state {:.2f} MiB per sequence of {} tokens, scratch {:.1f} MiB ({} tokens per pass; "
-               "Engram row staging {:.2f} MiB of it), pinned host {:.1f} MiB; decode CUDA graphs {}; FP8/FP4 block sums {}",
+               "common {:.1f} + the largest of attention {:.1f}, MoE {:.1f}, Engram {:.1f}, head {:.1f}; Engram row "
+               "staging {:.2f} MiB of it), pinned host {:.1f} MiB; decode CUDA graphs {}; FP8/FP4 block sums {}",
                blocks.size(), opts.device, mib(mem.weights), mib(mem.weights_fp8), mib(mem.weights_fp4),
                mib(mem.weights_exl3), mib(mem.weights_dense), mib(mem.state_per_sequence), max_context,
-               mib(mem.scratch), sc.m, mib(mem.engram_staging), mib(mem.pinned_host), graphs_on ? "on" : "off",
+               mib(mem.scratch), sc.m, phase_mib(ScratchPhase::kCommon), phase_mib(ScratchPhase::kAttention),
+               phase_mib(ScratchPhase::kMoe), phase_mib(ScratchPhase::kEngram), phase_mib(ScratchPhase::kHead),
+               mib(mem.engram_staging), mib(mem.pinned_host), graphs_on ? "on" : "off",
                opts.exact_block_sums ? "sequential (exact)" : "tensor core");
 }
 
@@ -498,102 +505,56 @@ CudaMemoryBreakdown Impl::memory_breakdown() const {
 
 void Impl::alloc_scratch() {
   const ModelConfig& c = cfg;
-  const int64_t m = opts.max_chunk_tokens, dim = c.hidden_size, hc = c.hc_mult, mixw = (2 + hc) * hc;
-  const int64_t qlr = c.q_lora_rank, H = c.num_attention_heads, hd = c.head_dim, ihd = c.index_head_dim;
-  const int64_t IH = c.index_n_heads, win = c.sliding_window, GR = c.o_groups * c.o_lora_rank;
-  // The DSpark stages may route over more experts / slots than the target layers.
-  const int64_t inter = c.moe_intermediate_size, K = std::max(c.num_experts_per_tok, c.dspark_topk()),
-                E = std::max(c.n_routed_experts, c.dspark_experts());
-  const int64_t cols = c.n_engram_columns(), edim = cols * c.engram_head_dim, V = c.vocab_size;
-  int64_t min_ratio = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    if (c.ratio(l) > 0 && (min_ratio == 0 || c.ratio(l) < min_ratio)) min_ratio = c.ratio(l);
-  const int64_t t_max = min_ratio > 0 ? std::max<int64_t>(1, max_context / min_ratio) : 1;
-  const int64_t tk = std::max<int64_t>(1, c.index_topk);
-  const int64_t taps_in = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * dim;  // DSpark main_proj
-  const int64_t max_in = std::max({dim, qlr, GR, inter, edim, H * hd, hd, taps_in});
-  const int64_t code_bytes = std::max(m * max_in, m * K * inter);
-  // Raw Engram rows of every Engram layer for one pass, staged before the pass (Impl::engram_stage).
-  const int64_t engram_raw = static_cast<int64_t>(c.engram_layer_ids.size()) * m * cols * engram_row_bytes;
+  const int64_t m = opts.max_chunk_tokens, cols = c.n_engram_columns();
+  const int64_t K = std::max(c.num_experts_per_tok, c.dspark_topk()), E = std::max(c.n_routed_experts, c.dspark_experts());
+  // The layout (which buffers share memory, and why) is plan_cuda_scratch's (cuda_scratch_plan.h):
+  // the start-up budget reads the same plan, so its estimate is this arena's size.
+  ScratchPlanInputs in;
+  in.tokens = m;
+  in.max_context = max_context;
+  in.logit_rows = opts.max_logit_rows;
+  in.score_slice_bytes = opts.index_score_slice_bytes;
+  in.tensor_parallel = tp != nullptr;
+  const ScratchPlan plan = plan_cuda_scratch(c, in);
+  DSV_ASSERT(plan.moe_sort_ints == ops::gpu::moe_grouped_sort_ints(m * K, E), "scratch plan: {} MoE sort ints, {} needed",
+             plan.moe_sort_ints, ops::gpu::moe_grouped_sort_ints(m * K, E));
+  DSV_ASSERT(engram_row_bytes == 0 || plan.engram_raw_bytes == static_cast<int64_t>(c.engram_layer_ids.size()) * m *
+                                                                   cols * engram_row_bytes,
+             "scratch plan: Engram rows of {} bytes", engram_row_bytes);
 
-  struct Piece {
-    void** dst;
-    int64_t bytes;
-  };
   Scratch& s = sc;
   s.m = m;
-  s.logit_rows = std::min(m, opts.max_logit_rows);
-  s.t_max = t_max;
-  // Index score rows in slices (index_score_slicing): the buffers do not grow with m x t_max.
-  const IndexScoreSlicing slicing = index_score_slicing(m, t_max, opts.index_score_slice_bytes);
-  s.score_slice_floats = slicing.slice_floats();
-  s.score_buffers = slicing.buffers;
-  s.moe_sort_ints = ops::gpu::moe_grouped_sort_ints(m * K, E);
-  const int64_t f = 4;
-  std::vector<Piece> pieces = {
-      {reinterpret_cast<void**>(&s.h), m * hc * dim * f},
-      {reinterpret_cast<void**>(&s.pre), m * hc * f},
-      {reinterpret_cast<void**>(&s.x), m * dim * f},
-      {reinterpret_cast<void**>(&s.y), m * dim * f},
-      {reinterpret_cast<void**>(&s.mix_a), m * mixw * f},
-      {reinterpret_cast<void**>(&s.mix_f), m * mixw * f},
-      {reinterpret_cast<void**>(&s.qr), m * qlr * f},
-      {reinterpret_cast<void**>(&s.q), m * H * hd * f},
-      {reinterpret_cast<void**>(&s.kv), m * hd * f},
-      {reinterpret_cast<void**>(&s.o), m * H * hd * f},
-      {reinterpret_cast<void**>(&s.z), m * GR * f},
-      {reinterpret_cast<void**>(&s.kv_bf16), m * hd * 2},
-      {reinterpret_cast<void**>(&s.staged), (win - 1 + m) * hd * 2},
-      {reinterpret_cast<void**>(&s.codes), code_bytes},
-      {reinterpret_cast<void**>(&s.act_scales), (code_bytes / 32 + 1) * f},
-      {reinterpret_cast<void**>(&s.x_codes), m * dim},
-      {reinterpret_cast<void**>(&s.x_scales), (m * dim / 32 + 1) * f},
-      {reinterpret_cast<void**>(&s.qr_codes), m * qlr},
-      {reinterpret_cast<void**>(&s.qr_scales), (m * qlr / 32 + 1) * f},
-      {reinterpret_cast<void**>(&s.c_a), m * hd * f},
-      {reinterpret_cast<void**>(&s.c_g), m * hd * f},
-      {reinterpret_cast<void**>(&s.c_latent), m * hd * f},
-      {reinterpret_cast<void**>(&s.c_work), m * std::max(hd, ihd) * f},
-      {reinterpret_cast<void**>(&s.qi), m * IH * ihd * f},
-      {reinterpret_cast<void**>(&s.iw), m * IH * f},
-      {reinterpret_cast<void**>(&s.scores), slicing.floats() * f},
-      {reinterpret_cast<void**>(&s.topk), m * tk * 4},
-      {reinterpret_cast<void**>(&s.list), m * (win + tk) * 4},
-      {reinterpret_cast<void**>(&s.pool_a), m * 8},
-      {reinterpret_cast<void**>(&s.pool_b), m * 8},
-      {reinterpret_cast<void**>(&s.ids), m * K * 4},
-      {reinterpret_cast<void**>(&s.tokens), m * 4},
-      {reinterpret_cast<void**>(&s.slots), m * std::max<int64_t>(1, cols) * 4},
-      {reinterpret_cast<void**>(&s.route_w), m * K * f},
-      {reinterpret_cast<void**>(&s.route_scratch), m * 2 * E * f},
-      {reinterpret_cast<void**>(&s.eg), m * K * inter * f},
-      {reinterpret_cast<void**>(&s.eu), m * K * inter * f},
-      // A split MoE layer (cuda_tp.cpp) keeps each pair of buffers it all-reduces back to back, so
-      // one call covers both: the shared expert's rows right after the pass's routed rows (one
-      // extra row set under tensor parallelism), su's rows right after sg's (Impl::moe_rows).
-      {reinterpret_cast<void**>(&s.routed), m * (K + (tp ? 1 : 0)) * dim * f},
-      {reinterpret_cast<void**>(&s.sg), 2 * m * inter * f},
-      {reinterpret_cast<void**>(&s.shared), m * dim * f},
-      {reinterpret_cast<void**>(&s.engram_raw), engram_raw},
-      {reinterpret_cast<void**>(&s.engram_rows), m * edim * f},
-      {reinterpret_cast<void**>(&s.engram_kv), m * (hc + 1) * dim * f},
-      {reinterpret_cast<void**>(&s.logits), s.logit_rows * V * f},
-      {reinterpret_cast<void**>(&s.moe_sort), ops::gpu::moe_grouped_sort_ints(m * K, E) * 4},
-      {reinterpret_cast<void**>(&s.positions), m * 8},
-      {reinterpret_cast<void**>(&s.mix_counters), m * 4},
-      {reinterpret_cast<void**>(&s.batch_pools), c.num_hidden_layers * 2 * m * 8},
-  };
-  auto align = [](int64_t b) { return (b + 255) / 256 * 256; };
-  int64_t total = 0;
-  for (const Piece& p : pieces) total += align(std::max<int64_t>(p.bytes, 1));
-  s.arena = DeviceBuffer(static_cast<size_t>(total));
+  s.logit_rows = plan.logit_rows;
+  s.t_max = plan.t_max;
+  s.score_slice_floats = plan.slicing.slice_floats();
+  s.score_buffers = plan.slicing.buffers;
+  s.moe_sort_ints = plan.moe_sort_ints;
+  using P = ScratchPiece;
+  std::array<void**, kScratchPieces> field{};
+  auto bind = [&](P p, auto*& ptr) { field[static_cast<size_t>(p)] = reinterpret_cast<void**>(&ptr); };
+  bind(P::kH, s.h), bind(P::kPre, s.pre), bind(P::kX, s.x), bind(P::kY, s.y), bind(P::kMixA, s.mix_a);
+  bind(P::kMixF, s.mix_f), bind(P::kCodes, s.codes), bind(P::kActScales, s.act_scales), bind(P::kXCodes, s.x_codes);
+  bind(P::kXScales, s.x_scales), bind(P::kTokens, s.tokens), bind(P::kSlots, s.slots), bind(P::kEngramRaw, s.engram_raw);
+  bind(P::kPositions, s.positions), bind(P::kMixCounters, s.mix_counters), bind(P::kBatchPools, s.batch_pools);
+  bind(P::kQr, s.qr), bind(P::kQ, s.q), bind(P::kKv, s.kv), bind(P::kO, s.o), bind(P::kZ, s.z);
+  bind(P::kKvBf16, s.kv_bf16), bind(P::kStaged, s.staged), bind(P::kQrCodes, s.qr_codes), bind(P::kQrScales, s.qr_scales);
+  bind(P::kCA, s.c_a), bind(P::kCG, s.c_g), bind(P::kCLatent, s.c_latent), bind(P::kCWork, s.c_work), bind(P::kQi, s.qi);
+  bind(P::kIw, s.iw), bind(P::kScores, s.scores), bind(P::kTopk, s.topk), bind(P::kList, s.list);
+  bind(P::kPoolA, s.pool_a), bind(P::kPoolB, s.pool_b);
+  bind(P::kIds, s.ids), bind(P::kRouteW, s.route_w), bind(P::kRouteScratch, s.route_scratch), bind(P::kEg, s.eg);
+  bind(P::kEu, s.eu), bind(P::kRouted, s.routed), bind(P::kSg, s.sg), bind(P::kShared, s.shared);
+  bind(P::kMoeSort, s.moe_sort);
+  bind(P::kEngramRows, s.engram_rows), bind(P::kEngramKv, s.engram_kv);
+  bind(P::kLogits, s.logits);
+  s.arena = DeviceBuffer(static_cast<size_t>(plan.total));
   auto* base = static_cast<uint8_t*>(s.arena.get());
-  int64_t off = 0;
-  for (const Piece& p : pieces) {
-    *p.dst = base + off;
-    off += align(std::max<int64_t>(p.bytes, 1));
+  for (const ScratchPlanPiece& p : plan.pieces) {
+    void** dst = field[static_cast<size_t>(p.id)];
+    DSV_ASSERT(dst != nullptr, "scratch piece {} has no Scratch field", static_cast<int>(p.id));
+    *dst = base + p.offset;
   }
-  s.su = s.sg + m * inter;
+  s.su = s.sg + m * c.moe_intermediate_size;
+  scratch_phase_bytes = plan.phase_bytes;
   // (a memset may return before it is done: the sync keeps it ahead of any stream's first kernel)
   ops::gpu::check_cuda(cudaMemset(s.mix_counters, 0, static_cast<size_t>(m) * 4), "mix counters zero");
   ops::gpu::check_cuda(cudaDeviceSynchronize(), "mix counters zero");
@@ -602,10 +563,10 @@ void Impl::alloc_scratch() {
     std::vector<int32_t> iota(static_cast<size_t>(m * cols));
     for (size_t i = 0; i < iota.size(); ++i) iota[i] = static_cast<int32_t>(i);
     ops::gpu::check_cuda(cudaMemcpy(s.slots, iota.data(), iota.size() * 4, cudaMemcpyHostToDevice), "slots upload");
-    engram_host.resize(static_cast<size_t>(engram_raw));
+    engram_host.resize(static_cast<size_t>(plan.engram_raw_bytes));
   }
-  scores_host.resize(static_cast<size_t>(slicing.floats()));
-  topk_host.resize(static_cast<size_t>(m * tk));
+  scores_host.resize(static_cast<size_t>(plan.slicing.floats()));
+  topk_host.resize(static_cast<size_t>(m * std::max<int64_t>(1, c.index_topk)));
 }
 
 }  // namespace dsv41::model::cuda

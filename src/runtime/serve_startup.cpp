@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "dsv41/common/error.h"
+#include "dsv41/model/cuda_scratch_plan.h"
 #include "dsv41/runtime/progress.h"
 
 #if DSV41_HAS_CUDA
@@ -84,47 +85,15 @@ MemorySource cuda_memory_source(int device) {
 }
 
 uint64_t cuda_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens, int64_t max_context, int64_t logit_rows,
-                            int64_t score_slice_bytes) {
-  DSV_CHECK(chunk_tokens >= 1 && max_context >= 1 && logit_rows >= 1 && score_slice_bytes >= 1,
-            "CUDA scratch: chunk {}, context {}, logit rows {} and score slice bytes {} must be positive",
-            chunk_tokens, max_context, logit_rows, score_slice_bytes);
-  const int64_t m = chunk_tokens, dim = c.hidden_size, hc = c.hc_mult, hd = c.head_dim, ihd = c.index_head_dim;
-  const int64_t H = c.num_attention_heads, IH = c.index_n_heads, GR = c.o_groups * c.o_lora_rank;
-  // The DSpark stages may route over more experts / slots than the target layers (the arena takes
-  // the larger of each).
-  const int64_t inter = c.moe_intermediate_size, K = std::max(c.num_experts_per_tok, c.dspark_topk()),
-                E = std::max(c.n_routed_experts, c.dspark_experts());
-  const int64_t cols = c.n_engram_columns(), edim = cols * c.engram_head_dim, tk = std::max<int64_t>(1, c.index_topk);
-  int64_t min_ratio = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    if (c.ratio(l) > 0 && (min_ratio == 0 || c.ratio(l) < min_ratio)) min_ratio = c.ratio(l);
-  const int64_t t_max = min_ratio > 0 ? std::max<int64_t>(1, max_context / min_ratio) : 1;
-  // fp32 values per token of a pass: residual streams and mixes, attention (queries, outputs,
-  // compressor rows, indexer queries), MoE (routing, expert and shared activations; the routed
-  // rows counted K + 1 times, as a tensor-parallel rank's arena holds them) and Engram
-  // rows; then int32 lists, the raw Engram rows of every Engram layer, and the bytes of the
-  // quantised activation codes with their scales. The logits hold min(chunk, logit_rows) rows; the
-  // index score rows are sliced (index_score_slicing), so they do not grow with chunk x context.
-  const int64_t floats = hc * dim + hc + 4 * dim + 2 * (2 + hc) * hc + c.q_lora_rank + 2 * H * hd + GR + 5 * hd + ihd +
-                         IH * ihd + IH + K + 2 * E + 3 * K * inter + (K + 1) * dim + 2 * inter + edim + (hc + 1) * dim + edim;
-  const int64_t ints = tk + c.sliding_window + tk + K + std::max<int64_t>(1, cols) + 1 + 2 * 2;
-  const int64_t engram_raw =
-      static_cast<int64_t>(c.engram_layer_ids.size()) * cols * (c.engram_head_dim + (c.engram_head_dim + 31) / 32);
-  const int64_t taps_in = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * dim;  // DSpark main_proj
-  const int64_t max_in = std::max({dim, c.q_lora_rank, GR, inter, edim, H * hd, hd, K * inter, taps_in});
-  // the linears' input codes and scales, then those of the normed rows x and the q latent
-  const int64_t codes = max_in + max_in / 32 * 4 + 4 + dim + c.q_lora_rank + (dim + c.q_lora_rank) / 32 * 4 + 8;
-  const int64_t bf16 = 2 * hd + (c.sliding_window + 1) * hd * 2 / m + 2 * hd;
-  // positions (int64), the batched decode's pools (a pointer per layer, two pools, row) and the
-  // mHC mix counters.
-  const int64_t wide = 8 + 2 * c.num_hidden_layers * 8 + 4;
-  // The grouped MoE's bucketing (moe_grouped_sort_ints of m x K pairs, 16-pair tiles).
-  const int64_t pairs = m * K, moe_sort = (E + 2 + 2 * (pairs / 16 + std::min(pairs, E)) + pairs) * 4;
-  const int64_t per_token = 4 * floats + 4 * ints + engram_raw + codes + bf16 + wide;
-  constexpr int64_t kPieces = 64, kAlign = 256;  // each buffer rounds up to 256 bytes
-  const int64_t logits = std::min(m, logit_rows) * c.vocab_size * 4;
-  const int64_t scores = model::index_score_slicing(m, t_max, score_slice_bytes).floats() * 4;
-  return static_cast<uint64_t>(m * per_token + logits + scores + moe_sort + kPieces * kAlign);
+                            int64_t score_slice_bytes, bool tensor_parallel) {
+  // The arena's own layout (shared phases included), so the estimate is what the model allocates.
+  model::ScratchPlanInputs in;
+  in.tokens = chunk_tokens;
+  in.max_context = max_context;
+  in.logit_rows = logit_rows;
+  in.score_slice_bytes = score_slice_bytes;
+  in.tensor_parallel = tensor_parallel;
+  return static_cast<uint64_t>(model::plan_cuda_scratch(c, in).total);
 }
 
 uint64_t cuda_dspark_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens) {
@@ -141,11 +110,15 @@ uint64_t cuda_dspark_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens) {
 
 std::vector<BudgetItem> cuda_serve_budget_items(const ModelConfig& c, const ServeMemoryPlan& p, int64_t chunk_tokens,
                                                 int64_t max_context, bool unified) {
+  DSV_CHECK(p.world_size >= 1, "memory budget: world size must be at least 1");
   return {
-      {budget_item::kWeights, p.weight_bytes},
+      // a tensor-parallel rank uploads its share of the split weights (as the CPU table counts them)
+      {budget_item::kWeights, p.weight_bytes / static_cast<uint64_t>(p.world_size)},
       {budget_item::kSequenceStatePool, gib_to_bytes(p.kv_cache_gib, "--kv-cache-gib")},
       {budget_item::kWorkspaces,
-       cuda_scratch_bytes(c, chunk_tokens, max_context) + cuda_dspark_scratch_bytes(c, chunk_tokens)},
+       cuda_scratch_bytes(c, chunk_tokens, max_context, model::CudaModelOptions{}.max_logit_rows,
+                          model::kIndexScoreSliceBytes, p.world_size > 1) +
+           cuda_dspark_scratch_bytes(c, chunk_tokens)},
       {budget_item::kCudaGraphs, 0},
       {budget_item::kNcclBuffers, 0},
       {budget_item::kEngramCache, unified ? gib_to_bytes(p.engram_cache_gib, "--engram-cache-gib") : 0},

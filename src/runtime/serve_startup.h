@@ -52,12 +52,15 @@ CudaDeviceInfo cuda_device_info(int device);
 MemorySource cuda_memory_source(int device);
 
 // Device bytes of the CUDA model's scratch arena for `chunk_tokens` tokens per pass and contexts up
-// to `max_context` (an upper estimate of src/cuda_model alloc_scratch: the forward's activations,
-// logits for min(chunk_tokens, logit_rows) rows (CudaModelOptions::max_logit_rows), and the
-// indexer's score rows in slices of score_slice_bytes (CudaModelOptions::index_score_slice_bytes):
-// one slice of up to chunk_tokens full rows, or two of at least one row each).
+// to `max_context`: the size src/cuda_model alloc_scratch allocates, from the same layout
+// (dsv41/model/cuda_scratch_plan.h: common buffers + the largest of the layer's phases; logits for
+// min(chunk_tokens, logit_rows) rows (CudaModelOptions::max_logit_rows), the indexer's score rows in
+// slices of score_slice_bytes (CudaModelOptions::index_score_slice_bytes): one slice of up to
+// chunk_tokens full rows, or two of at least one row each). tensor_parallel: a rank's arena (one
+// more row set of routed rows).
 uint64_t cuda_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens, int64_t max_context,
-                            int64_t logit_rows = 256, int64_t score_slice_bytes = model::kIndexScoreSliceBytes);
+                            int64_t logit_rows = 256, int64_t score_slice_bytes = model::kIndexScoreSliceBytes,
+                            bool tensor_parallel = false);
 
 // Device bytes of the DSpark drafter's own buffers for passes of `chunk_tokens` rows (the taps of
 // its target layers, its input rows, ring KV row, pre-mix rows, ids, positions and attention lists:

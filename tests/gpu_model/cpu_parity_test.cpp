@@ -152,7 +152,9 @@ TEST(GpuModelParity, PassSizeDoesNotChangeResults) {
   EXPECT_EQ(a.prefill, d.prefill);
   EXPECT_EQ(a.decode, d.decode);
   EXPECT_EQ(a.greedy, d.greedy);
-  EXPECT_GT(big->memory().scratch, capped->memory().scratch);  // 256 logit rows against 7
+  // 256 logit rows against 7: not larger, though not always smaller, since the logits share memory
+  // with the layers' buffers (dsv41/model/cuda_scratch_plan.h)
+  EXPECT_GE(big->memory().scratch, capped->memory().scratch);
   const model::CudaMemoryBreakdown mem = big->memory();
   EXPECT_GT(mem.weights, 0);
   EXPECT_GT(mem.state_per_sequence, 0);

@@ -153,9 +153,9 @@ TEST(GpuScoreSlices, BatchedDecodeGroupsMatchStepsAlone) {
                                              << test::identical_fraction(got[i], want[i]) << ")";
 }
 
-// The start-up budget's scratch estimate is an upper bound of the arena the model allocates, with
-// and without slicing.
-TEST(GpuScoreSlices, ScratchEstimateCoversTheArena) {
+// The start-up budget's scratch estimate is the arena the model allocates (the same layout,
+// dsv41/model/cuda_scratch_plan.h), with and without slicing.
+TEST(GpuScoreSlices, ScratchEstimateIsTheArena) {
   const std::string fixture = "tiny-s0", dir = kFixtures + "/" + fixture + "/model";
   struct Case {
     int64_t context, pass, slice_bytes;
@@ -164,7 +164,7 @@ TEST(GpuScoreSlices, ScratchEstimateCoversTheArena) {
     auto m = model::CudaModel::load(dir, opts(fixture, k.context, k.pass, k.slice_bytes));
     const uint64_t estimate = runtime::cuda_scratch_bytes(m->config(), k.pass, k.context, 256, k.slice_bytes);
     const auto arena = static_cast<uint64_t>(m->memory().scratch);
-    EXPECT_GE(estimate, arena) << "context " << k.context << " pass " << k.pass << " slice " << k.slice_bytes;
+    EXPECT_EQ(estimate, arena) << "context " << k.context << " pass " << k.pass << " slice " << k.slice_bytes;
     std::cout << "context " << k.context << " pass " << k.pass << " slice " << k.slice_bytes << ": arena " << arena
               << " bytes, estimate " << estimate << "\n";
   }

@@ -47,6 +47,23 @@ TEST(CudaBudget, DeviceItemsFollowTheOptions) {
   EXPECT_EQ(item(unified, budget_item::kEngramCache), kGiB / 4);
 }
 
+// Rank 0 of a tensor-parallel CUDA run: its share of the weights (a 2-rank run of a checkpoint
+// larger than one node's memory must pass the check), and the arena of a split MoE layer (one more
+// row set of routed rows).
+TEST(CudaBudget, TensorParallelRankCountsItsShare) {
+  const ModelConfig c = load_model_config(kModel + "/config.json");
+  ServeMemoryPlan p;
+  p.weight_bytes = 10'000'000'000;
+  p.world_size = 2;
+  const auto items = cuda_serve_budget_items(c, p, 256, 128, false);
+  EXPECT_EQ(item(items, budget_item::kWeights), 5'000'000'000u);
+  const uint64_t tp_scratch = cuda_scratch_bytes(c, 256, 128, 256, model::kIndexScoreSliceBytes, true);
+  EXPECT_GE(tp_scratch, cuda_scratch_bytes(c, 256, 128));
+  EXPECT_EQ(item(items, budget_item::kWorkspaces), tp_scratch + cuda_dspark_scratch_bytes(c, 256));
+  p.world_size = 0;
+  EXPECT_THROW(cuda_serve_budget_items(c, p, 256, 128, false), Error);
+}
+
 TEST(CudaBudget, ScratchCoversLogitsStreamsAndOneScoreSlice) {
   const ModelConfig c = load_model_config(kModel + "/config.json");
   int64_t min_ratio = 0;
@@ -55,14 +72,15 @@ TEST(CudaBudget, ScratchCoversLogitsStreamsAndOneScoreSlice) {
   ASSERT_GT(min_ratio, 0);
   for (int64_t m : {1, 64, 256, 1024})
     for (int64_t ctx : {128, 4096, 1 << 20}) {
-      // logits of min(m, 256) rows, the residual streams of every row, and score rows: all m rows
+      // the residual streams of every row, and the larger of the logits of min(m, 256) rows (the
+      // head's phase) and the score rows (the attention's phase; the two share memory): all m rows
       // when they fit one slice, else two slices of as many full rows as fit (at least one).
       const int64_t t_max = ctx / min_ratio;
       const int64_t fit = std::max<int64_t>(1, model::kIndexScoreSliceBytes / (t_max * 4));
       const int64_t score_rows = fit >= m ? m : 2 * fit;
-      const uint64_t floor = uint64_t(std::min<int64_t>(m, 256)) * uint64_t(c.vocab_size) * 4 +
-                             uint64_t(m) * uint64_t(c.hc_mult * c.hidden_size) * 4 +
-                             uint64_t(score_rows) * uint64_t(t_max) * 4;
+      const uint64_t floor = uint64_t(m) * uint64_t(c.hc_mult * c.hidden_size) * 4 +
+                             std::max(uint64_t(std::min<int64_t>(m, 256)) * uint64_t(c.vocab_size) * 4,
+                                      uint64_t(score_rows) * uint64_t(t_max) * 4);
       EXPECT_GE(cuda_scratch_bytes(c, m, ctx), floor) << m << " " << ctx;
     }
   EXPECT_GT(cuda_scratch_bytes(c, 256, 1 << 20), cuda_scratch_bytes(c, 256, 4096));

@@ -77,16 +77,17 @@ struct CudaModelOptions {
   int device = 0;                     // CUDA device ordinal
   // Context tokens a sequence state holds; 0 = min(max_position_embeddings, 32768).
   int64_t max_context = 0;
-  // Tokens per forward pass (sizes the scratch arena: ~1 MB per token at the released dimensions,
-  // whatever the context, since the index score rows are sliced: index_score_slice_bytes). Larger
+  // Tokens per forward pass (sizes the scratch arena: ~0.5 MB per token at the released dimensions,
+  // whatever the context, since the index score rows are sliced (index_score_slice_bytes) and the
+  // attention, MoE, Engram and head buffers share memory: dsv41/model/cuda_scratch_plan.h). Larger
   // passes read each routed expert once for more tokens: prefill's grouped expert GEMM is bound by
-  // those weight reads at a few rows per expert (bench/RESULTS.md). 1024: 1.21 GiB of arena at
-  // the serve default context (1M) + 0.1 GiB DSpark scratch, inside the 2 GiB engine overhead
-  // (2048 would take 2.17 + 0.2 GiB). Results do not depend on it with exact_block_sums; without,
+  // those weight reads at a few rows per expert (bench/RESULTS.md). 2048: 1.11 GiB of arena at
+  // the serve default context (1M) + 0.2 GiB DSpark scratch, inside the 2 GiB engine overhead
+  // (1024 takes 0.62 + 0.1 GiB). Results do not depend on it with exact_block_sums; without,
   // a pass below the tensor-core thresholds (64 rows of a Lin8, grouped_moe_min_rows pairs) takes
   // the sequential block sums, so a row whose block sum rounds (tc_block.cuh) can differ in its
   // last bits between pass sizes.
-  int64_t max_chunk_tokens = 1024;
+  int64_t max_chunk_tokens = 2048;
   // Rows of logits the scratch holds (a vocabulary row is 0.5 MB at the released size): a pass that
   // returns every row's logits, a batched decode step and a DSpark drafter pass take at most this
   // many rows, so longer prefill passes do not grow the logits buffer. Results do not depend on it.

@@ -1,0 +1,137 @@
+// The CUDA scratch arena's layout (dsv41/model/cuda_scratch_plan.h): buffers of one phase never
+// overlap each other or a common buffer, the phases share one region after the common buffers, and
+// the start-up estimate is the arena's size. No GPU: the plan is arithmetic on the config.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "dsv41/common/error.h"
+#include "dsv41/config/model_config.h"
+#include "dsv41/model/cuda_scratch_plan.h"
+#include "runtime/serve_startup.h"
+
+using namespace dsv41;
+using namespace dsv41::model;
+
+namespace {
+
+const std::string kTiny = std::string(DSV41_FIXTURES_DIR) + "/tiny-s0/model/config.json";
+const std::string kReleased = std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json";
+
+ScratchPlan plan(const ModelConfig& c, int64_t m, int64_t ctx, bool tp = false) {
+  ScratchPlanInputs in;
+  in.tokens = m;
+  in.max_context = ctx;
+  in.tensor_parallel = tp;
+  return plan_cuda_scratch(c, in);
+}
+
+bool overlap(const ScratchPlanPiece& a, const ScratchPlanPiece& b) {
+  const int64_t ea = a.offset + std::max<int64_t>(a.bytes, 1), eb = b.offset + std::max<int64_t>(b.bytes, 1);
+  return a.offset < eb && b.offset < ea;
+}
+
+// Every piece inside the arena and aligned; two pieces overlap only when they belong to two
+// different non-common phases; the region after the common pieces is the largest phase.
+void check_layout(const ScratchPlan& p, const std::string& what) {
+  ASSERT_EQ(p.pieces.size(), static_cast<size_t>(kScratchPieces)) << what;
+  const int64_t common = p.phase_bytes[static_cast<size_t>(ScratchPhase::kCommon)];
+  int64_t largest = 0;
+  for (int k = 1; k < kScratchPhases; ++k) largest = std::max(largest, p.phase_bytes[static_cast<size_t>(k)]);
+  EXPECT_EQ(p.total, common + largest) << what;
+  for (size_t i = 0; i < p.pieces.size(); ++i) {
+    const ScratchPlanPiece& a = p.pieces[i];
+    EXPECT_EQ(static_cast<size_t>(a.id), i) << what;
+    EXPECT_EQ(a.offset % kScratchAlign, 0) << what << " piece " << i;
+    EXPECT_LE(a.offset + a.bytes, p.total) << what << " piece " << i;
+    if (a.phase == ScratchPhase::kCommon) EXPECT_LT(a.offset, common) << what << " piece " << i;
+    else EXPECT_GE(a.offset, common) << what << " piece " << i;
+    for (size_t j = i + 1; j < p.pieces.size(); ++j) {
+      const ScratchPlanPiece& b = p.pieces[j];
+      const bool may_share = a.phase != b.phase && a.phase != ScratchPhase::kCommon && b.phase != ScratchPhase::kCommon;
+      if (!may_share) EXPECT_FALSE(overlap(a, b)) << what << " pieces " << i << " and " << j;
+    }
+  }
+}
+
+}  // namespace
+
+TEST(CudaScratchPlan, PhasesShareOneRegionAndNothingElse) {
+  for (const std::string& path : {kTiny, kReleased}) {
+    const ModelConfig c = load_model_config(path);
+    for (int64_t m : {1, 7, 256, 1024, 2048})
+      for (int64_t ctx : {int64_t{128}, int64_t{8192}, int64_t{1} << 20})
+        for (bool tp : {false, true}) {
+          const ScratchPlan p = plan(c, m, ctx, tp);
+          check_layout(p, path + " m " + std::to_string(m) + " ctx " + std::to_string(ctx) + (tp ? " tp" : ""));
+          EXPECT_LT(p.total, p.unshared) << m << " " << ctx;  // the phases do share
+        }
+  }
+}
+
+// The pieces that must outlive a phase stay common (changing one of these tags would let a later
+// phase overwrite what an earlier one left for it: e.g. the top-k, which the layers below an index
+// source attend to); the large per-sublayer buffers are shared.
+TEST(CudaScratchPlan, PhaseOfEachKindOfBuffer) {
+  const ScratchPlan p = plan(load_model_config(kReleased), 1024, 8192);
+  for (ScratchPiece id : {ScratchPiece::kH, ScratchPiece::kPre, ScratchPiece::kX, ScratchPiece::kY, ScratchPiece::kMixA,
+                          ScratchPiece::kCodes, ScratchPiece::kXCodes, ScratchPiece::kSlots, ScratchPiece::kEngramRaw,
+                          ScratchPiece::kPositions, ScratchPiece::kMixCounters, ScratchPiece::kBatchPools,
+                          ScratchPiece::kTopk})
+    EXPECT_EQ(p.at(id).phase, ScratchPhase::kCommon) << static_cast<int>(id);
+  for (ScratchPiece id : {ScratchPiece::kQ, ScratchPiece::kO, ScratchPiece::kScores, ScratchPiece::kList})
+    EXPECT_EQ(p.at(id).phase, ScratchPhase::kAttention) << static_cast<int>(id);
+  for (ScratchPiece id : {ScratchPiece::kEg, ScratchPiece::kEu, ScratchPiece::kRouted, ScratchPiece::kIds, ScratchPiece::kShared})
+    EXPECT_EQ(p.at(id).phase, ScratchPhase::kMoe) << static_cast<int>(id);
+  EXPECT_EQ(p.at(ScratchPiece::kEngramKv).phase, ScratchPhase::kEngram);
+  EXPECT_EQ(p.at(ScratchPiece::kLogits).phase, ScratchPhase::kHead);
+  // q (attention) and eg (MoE) start at the same offset: the shared region's start.
+  EXPECT_EQ(p.at(ScratchPiece::kQr).offset, p.at(ScratchPiece::kIds).offset);
+}
+
+// The buffers keep the sizes the kernels index them with: a split MoE's routed rows hold one more
+// row set (the shared expert's rows after them, cuda_tp.cpp), sg holds sg and su.
+TEST(CudaScratchPlan, PieceSizes) {
+  const ModelConfig c = load_model_config(kReleased);
+  const int64_t m = 512, K = std::max(c.num_experts_per_tok, c.dspark_topk());
+  const ScratchPlan one = plan(c, m, 8192), two = plan(c, m, 8192, true);
+  EXPECT_EQ(one.at(ScratchPiece::kRouted).bytes, m * K * c.hidden_size * 4);
+  EXPECT_EQ(two.at(ScratchPiece::kRouted).bytes, m * (K + 1) * c.hidden_size * 4);
+  EXPECT_EQ(one.at(ScratchPiece::kSg).bytes, 2 * m * c.moe_intermediate_size * 4);
+  EXPECT_EQ(one.at(ScratchPiece::kQ).bytes, m * c.num_attention_heads * c.head_dim * 4);
+  EXPECT_EQ(one.at(ScratchPiece::kLogits).bytes, 256 * c.vocab_size * 4);
+  EXPECT_EQ(one.at(ScratchPiece::kScores).bytes, one.slicing.floats() * 4);
+  EXPECT_THROW(plan(c, 0, 8192), Error);
+}
+
+// The start-up estimate is the plan's arena, and the serve budget takes a rank's arena under
+// tensor parallelism.
+TEST(CudaScratchPlan, EstimateIsTheArena) {
+  const ModelConfig c = load_model_config(kReleased);
+  for (int64_t m : {64, 1024, 2048}) {
+    EXPECT_EQ(runtime::cuda_scratch_bytes(c, m, 1 << 20), static_cast<uint64_t>(plan(c, m, 1 << 20).total)) << m;
+    EXPECT_EQ(runtime::cuda_scratch_bytes(c, m, 1 << 20, 256, kIndexScoreSliceBytes, true),
+              static_cast<uint64_t>(plan(c, m, 1 << 20, true).total))
+        << m;
+  }
+  runtime::ServeMemoryPlan sp;
+  sp.world_size = 2;
+  int found = 0;
+  for (const runtime::BudgetItem& i : runtime::cuda_serve_budget_items(c, sp, 2048, 1 << 20, false))
+    if (i.name == runtime::budget_item::kWorkspaces) {
+      ++found;
+      EXPECT_EQ(i.bytes, runtime::cuda_scratch_bytes(c, 2048, 1 << 20, 256, kIndexScoreSliceBytes, true) +
+                             runtime::cuda_dspark_scratch_bytes(c, 2048));
+    }
+  EXPECT_EQ(found, 1);
+}
+
+// The 2 GiB engine overhead at the serve default context (1M) holds for 2048-token passes
+// with the DSpark drafter's buffers (the reason the pass size could double).
+TEST(CudaScratchPlan, ReleasedConfigFitsTwoGiBWith2048TokenPasses) {
+  const ModelConfig c = load_model_config(kReleased);
+  const uint64_t ws = runtime::cuda_scratch_bytes(c, 2048, c.max_position_embeddings) +
+                      runtime::cuda_dspark_scratch_bytes(c, 2048);
+  EXPECT_LE(ws, 2 * runtime::kGiB) << ws;
+}

@@ -13,6 +13,7 @@
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
+#include "ops/staged_chain.cuh"
 #include "dsv41/model/mix_gemm_parts.h"
 
 namespace dsv41::ops::gpu {
@@ -259,92 +260,9 @@ __device__ __forceinline__ void stage_swizzled_async(float* dst, const float* sr
 
 // ---- the mix chains from the staged rows ----
 // hc_gemm_dot's part chains (acc = fmaf(w[j], h[j], acc) from zero, j in element order) over two
-// rows in the chain_swizzle layout. 32-bit offsets throughout (a staged row fits shared memory).
-// 256-element block s holds element 4*q + e (step q, e < 4) in 16-byte chunk q ^ (s & 7).
-
-// chain_swizzle with 32-bit arithmetic.
-__device__ __forceinline__ int chain_swizzle32(int i) {
-  const int s = i >> 8;
-  return (s << 8) + ((((i >> 2) & 63) ^ (s & 7)) << 2) + (i & 3);
-}
-
-__device__ __forceinline__ float fma4(float4 w, float4 h, float acc) {
-  acc = fmaf(w.x, h.x, acc);
-  acc = fmaf(w.y, h.y, acc);
-  acc = fmaf(w.z, h.z, acc);
-  return fmaf(w.w, h.w, acc);
-}
-
-// Steps loaded ahead of the fmas in the source (shared-memory loads take ~30 cycles unloaded, a
-// step's four dependent fmas 16). ptxas re-schedules the unrolled block to about one step ahead
-// (sm_90a SASS); keeping the loads a whole 4-step set ahead by construction took 104 registers and
-// measured no faster (see hc_mix_dots_staged_kernel).
-constexpr int kChainAhead = 6;
-
-// The chain over all 64 steps of block s, continuing from acc. Fully unrolled: the chunk index is
-// one of eight per-thread values (u ^ (s & 7), u = q % 8) plus the compile-time 8 * (q / 8), so
-// every load is one LDS.128 at a register plus an immediate offset, with no address arithmetic and
-// no bound check between steps (the per-step cost that the former loop paid: ~10 integer
-// instructions of 64-bit swizzled address and a 64-bit compare and branch).
-__device__ __forceinline__ float chain_block_full(const float* w, const float* h, int s, float acc) {
-  const float4* w4 = reinterpret_cast<const float4*>(w) + (s << 6);
-  const float4* h4 = reinterpret_cast<const float4*>(h) + (s << 6);
-  const int x = s & 7;
-  int chunk[8];
-#pragma unroll
-  for (int u = 0; u < 8; ++u) chunk[u] = u ^ x;
-  auto at = [&](int q) { return ((q >> 3) << 3) + chunk[q & 7]; };
-  float4 rw[kChainAhead], rh[kChainAhead];
-#pragma unroll
-  for (int q = 0; q < kChainAhead; ++q) {
-    rw[q] = w4[at(q)];
-    rh[q] = h4[at(q)];
-  }
-#pragma unroll
-  for (int q = 0; q < 64; ++q) {
-    const float4 vw = rw[q % kChainAhead], vh = rh[q % kChainAhead];
-    if (q + kChainAhead < 64) {
-      rw[q % kChainAhead] = w4[at(q + kChainAhead)];
-      rh[q % kChainAhead] = h4[at(q + kChainAhead)];
-    }
-    acc = fma4(vw, vh, acc);
-  }
-  return acc;
-}
-
-// Steps [q0, q1) of block s (q0 < q1), continuing from acc: the block pieces of the blocked and
-// P orders (prefill), one step's loads ahead.
-__device__ __forceinline__ float chain_block_steps(const float* w, const float* h, int s, int q0, int q1, float acc) {
-  const float4* w4 = reinterpret_cast<const float4*>(w) + (s << 6);
-  const float4* h4 = reinterpret_cast<const float4*>(h) + (s << 6);
-  const int x = s & 7;
-  float4 nw = w4[q0 ^ x], nh = h4[q0 ^ x];
-  for (int q = q0; q < q1; ++q) {
-    const float4 vw = nw, vh = nh;
-    if (q + 1 < q1) {
-      nw = w4[(q + 1) ^ x];
-      nh = h4[(q + 1) ^ x];
-    }
-    acc = fma4(vw, vh, acc);
-  }
-  return acc;
-}
-
-// The chain over elements [k0, k1) (k0 a multiple of 4): whole four-element steps block by block,
-// then the last k1 - k0 mod 4 elements one by one - the element order of dev::swizzled_chain_dot.
-__device__ __forceinline__ float mix_chain(const float* w, const float* h, int k0, int k1) {
-  float acc = 0.0f;
-  const int k4 = k0 + ((k1 - k0) & ~3);
-  int j = k0;
-  while (j < k4) {
-    const int s = j >> 8, b0 = s << 8, e = k4 < b0 + 256 ? k4 : b0 + 256;
-    acc = j == b0 && e == b0 + 256 ? chain_block_full(w, h, s, acc)
-                                   : chain_block_steps(w, h, s, (j - b0) >> 2, (e - b0) >> 2, acc);
-    j = e;
-  }
-  for (; j < k1; ++j) acc = fmaf(w[chain_swizzle32(j)], h[chain_swizzle32(j)], acc);
-  return acc;
-}
+// rows in the chain_swizzle layout: dev::staged_chain_dot (ops/staged_chain.cuh: whole 256-element
+// blocks unrolled, every load one LDS.128 at a register plus an immediate offset, no per-step
+// address arithmetic or bound check).
 
 // ---- the stream rsqrt statistic from the staged stream row ----
 // dev::torch_sum_partials of the squares of the staged row sh (chain_swizzle layout), the same
@@ -360,7 +278,7 @@ __device__ __forceinline__ void staged_square_partials(const float* sh, int n, i
   const int groups = static_cast<int>(shape.groups);
   const int lane = threadIdx.x & 31;
   auto square = [&](int j) {
-    const float v = sh[chain_swizzle32(j)];
+    const float v = sh[dev::chain_swizzle_i32(j)];
     return __fmul_rn(v, v);
   };
   for (int g = w; g <= groups; g += nw) {
@@ -419,7 +337,7 @@ __device__ float staged_square_cascade(const float* sh, int n, const float* scra
   acc0 = __fadd_rn(acc0, acc2);
   acc0 = __fadd_rn(acc0, acc3);
   auto square = [&](int64_t j) {
-    const float x = sh[chain_swizzle32(static_cast<int>(j))];
+    const float x = sh[dev::chain_swizzle_i32(static_cast<int>(j))];
     return __fmul_rn(x, x);
   };
   return dev::torch_sum_finish(square, n, acc0);
@@ -444,10 +362,10 @@ __device__ __forceinline__ void warps_barrier(int count) {
 // 0.6, the count 0.8, the split 3.4 (19 Sinkhorn rounds 2.2 of it). The chains then computed every
 // swizzled address in 64-bit arithmetic and loaded each step just before its fmas, and the
 // statistic's warps spent ~6 integer instructions per element on addresses, taking issue slots
-// from the chains; with mix_chain (immediate-offset loads, no per-step address or bound work) and
-// staged_square_partials (immediate-offset loads) a mix call takes 9.4 against 10.7 µs (m = 1,
-// CUDA graph; 10.1 against 11.3 at m = 4). A variant with the loads a whole 4-step set ahead
-// (104 registers) measured the same alone and no better inside decode steps.
+// from the chains; with dev::staged_chain_dot (immediate-offset loads, no per-step address or
+// bound work) and staged_square_partials (immediate-offset loads) a mix call takes 9.4 against
+// 10.7 µs (m = 1, CUDA graph; 10.1 against 11.3 at m = 4). A variant with the loads a whole 4-step
+// set ahead (104 registers) measured the same alone and no better inside decode steps.
 __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMixArgs a) {
   extern __shared__ float4 smem_f4[];
   const int64_t i = blockIdx.x, t = blockIdx.y;
@@ -469,7 +387,7 @@ __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMi
   if (tid < parts) {
     int64_t k0, k1;
     mix_part_range(a, k, tid, k0, k1);
-    part[tid] = mix_chain(sw, sh, static_cast<int>(k0), static_cast<int>(k1));
+    part[tid] = dev::staged_chain_dot(sw, sh, static_cast<int>(k0), static_cast<int>(k1));
   } else if (warp >= sum_warp) {
     const int stat_warps = kStagedThreads / 32 - sum_warp;
     staged_square_partials(sh, static_cast<int>(k), warp - sum_warp, stat_warps, scratch);

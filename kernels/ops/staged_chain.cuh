@@ -5,7 +5,8 @@
 // arithmetic and checks the bound with a 64-bit compare and branch (~10 integer instructions per
 // four fmas); here a whole 256-element block is unrolled, so every load is one LDS.128 at a register
 // plus an immediate offset, issued kChainAhead steps before its fmas.
-// (The same loop as the mHC mix's chains, mhc.cu mix_chain: 10.7 -> 9.4 us per mix call at m = 1.)
+// Used by the mHC mix's chains (mhc.cu: 10.7 -> 9.4 us per mix call at m = 1 against the former
+// loop) and the router scores at decode sizes (moe.cu).
 #pragma once
 #include "ops/cp_async.cuh"
 #include "ops/ops_common.cuh"

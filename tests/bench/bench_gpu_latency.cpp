@@ -167,6 +167,18 @@ int main() {
     std::shuffle(perm.begin(), perm.end(), rng.g);
     std::copy_n(perm.begin(), K, ids.begin() + t * K);
   }
+  // The CPU engine's combine of token t's rows: routed rows in increasing expert id, then the shared
+  // expert, one bf16 rounding.
+  auto combine_row = [&](int64_t t, float* out) {
+    std::vector<int64_t> ord(static_cast<size_t>(K));
+    std::iota(ord.begin(), ord.end(), 0);
+    std::sort(ord.begin(), ord.end(), [&](int64_t p, int64_t r) { return ids[t * K + p] < ids[t * K + r]; });
+    for (int64_t d = 0; d < dim; ++d) {
+      float y = 0.0f;
+      for (int64_t i : ord) y += routed[(t * K + i) * dim + d];
+      out[d] = bf16_round(y + shared[t * dim + d]);
+    }
+  };
   const std::vector<float> kv = rng.bf16_vec(static_cast<size_t>(m_max * (hc + 1) * dim)), egw = rng.f32_vec(static_cast<size_t>(hc * dim), 0.5f);
   std::vector<float> mixv = rng.f32_vec(static_cast<size_t>(m_max * n_mix), 0.5f);
   const std::vector<float> q = rng.bf16_vec(static_cast<size_t>(m_max * H * hd));
@@ -303,14 +315,7 @@ int main() {
         gpu::hc_expand(em, nullptr);
         std::vector<float> want(h.begin(), h.begin() + m * k), want_y(static_cast<size_t>(m * dim));
         for (int64_t t = 0; t < m; ++t) {
-          std::vector<int64_t> ord(static_cast<size_t>(K));
-          std::iota(ord.begin(), ord.end(), 0);
-          std::sort(ord.begin(), ord.end(), [&](int64_t p, int64_t r) { return ids[t * K + p] < ids[t * K + r]; });
-          for (int64_t d = 0; d < dim; ++d) {
-            float y = 0.0f;
-            for (int64_t i : ord) y += routed[(t * K + i) * dim + d];
-            want_y[t * dim + d] = bf16_round(y + shared[t * dim + d]);
-          }
+          combine_row(t, &want_y[t * dim]);
           model::HcMix mx;
           std::copy_n(&mixv[t * n_mix], hc, mx.pre);
           std::copy_n(&mixv[t * n_mix + hc], hc, mx.post);
@@ -383,16 +388,7 @@ int main() {
       report("moe_combine", m, [&](cudaStream_t st) { gpu::moe_combine(a, st); }, f4 * (m * K * dim + 2 * m * dim) + 4.0 * m * K, 0.0);
       if (chk) {
         std::vector<float> want(static_cast<size_t>(m * dim));
-        for (int64_t t = 0; t < m; ++t) {
-          std::vector<int64_t> ord(static_cast<size_t>(K));
-          std::iota(ord.begin(), ord.end(), 0);
-          std::sort(ord.begin(), ord.end(), [&](int64_t p, int64_t r) { return ids[t * K + p] < ids[t * K + r]; });
-          for (int64_t d = 0; d < dim; ++d) {
-            float y = 0.0f;
-            for (int64_t i : ord) y += routed[(t * K + i) * dim + d];
-            want[t * dim + d] = bf16_round(y + shared[t * dim + d]);
-          }
-        }
+        for (int64_t t = 0; t < m; ++t) combine_row(t, &want[t * dim]);
         check_equal("moe_combine", dout.to_host<float>(want.size()), want);
       }
     }

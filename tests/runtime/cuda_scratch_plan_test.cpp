@@ -86,7 +86,7 @@ TEST(CudaScratchPlan, PhaseOfEachKindOfBuffer) {
     EXPECT_EQ(p.at(id).phase, ScratchPhase::kMoe) << static_cast<int>(id);
   EXPECT_EQ(p.at(ScratchPiece::kEngramKv).phase, ScratchPhase::kEngram);
   EXPECT_EQ(p.at(ScratchPiece::kLogits).phase, ScratchPhase::kHead);
-  // q (attention) and eg (MoE) start at the same offset: the shared region's start.
+  // the first attention piece (qr) and the first MoE piece (ids) both start the shared region
   EXPECT_EQ(p.at(ScratchPiece::kQr).offset, p.at(ScratchPiece::kIds).offset);
 }
 

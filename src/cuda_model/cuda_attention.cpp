@@ -37,8 +37,7 @@ void select_index_row(const float* scores, int64_t T, int64_t n_vis, int64_t k, 
 
 HostPhaseTimer::Clock::time_point Impl::index_score_slices(int64_t slices, const std::function<void()>& deferred,
                                                            const std::function<void(int64_t, float*, float*)>& issue,
-                                                           const std::function<void(int64_t, const float*)>& select,
-                                                           bool decode_timing) {
+                                                           const std::function<void(int64_t, const float*)>& select) {
   DSV_ASSERT(slices >= 1 && (slices == 1 || sc.score_buffers == 2), "index scores: {} slices with {} buffers", slices,
              sc.score_buffers);
   auto dev = [&](int64_t s) { return sc.scores + (s % 2) * sc.score_slice_floats; };
@@ -68,7 +67,7 @@ HostPhaseTimer::Clock::time_point Impl::index_score_slices(int64_t slices, const
     if (s == 0) {
       if (deferred) host_point_wait("index scores");  // the GPU goes on with the deferred work meanwhile
       else host_point_sync("index scores");            // a decode step's graph segment ends here (cuda_step.cpp)
-      if (decode_timing) t_host = host_phases.add(HostPhase::TopkWait, t_host);
+      t_host = host_phases.add(HostPhase::TopkWait, t_host);  // (a no-op unless DSV41_HOST_PHASES=1)
     } else if (recorded[static_cast<size_t>(s % 2)]) {
       sync_event(score_slice_ready[static_cast<size_t>(s % 2)], "index score slice");
     } else {
@@ -319,11 +318,11 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         };
         std::function<void()> deferred;
         if (defer_rest) deferred = [&] { project_q_rest(b, n, at, qrq, kv_bits); };
-        auto t_host = index_score_slices(slices, deferred, issue, select, p.decode);
+        auto t_host = index_score_slices(slices, deferred, issue, select);
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(n * k) * 4, cudaMemcpyHostToDevice, stream),
                         "top-k upload");
         host_point_resume();  // the next graph segment starts after the eager upload
-        if (p.decode) host_phases.add(HostPhase::TopkHost, t_host);
+        host_phases.add(HostPhase::TopkHost, t_host);
         shared.topk_len = k;
       }
     }

@@ -375,7 +375,7 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
         };
         std::function<void()> deferred;
         if (defer_rest) deferred = project_rest;
-        auto t_host = index_score_slices(groups, deferred, issue, select, true);
+        auto t_host = index_score_slices(groups, deferred, issue, select);
         gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(kept) * 4, cudaMemcpyHostToDevice, stream),
                         "top-k upload");
         host_point_resume();  // the next graph segment starts after the eager upload

@@ -326,8 +326,8 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
   const int64_t n = p.n, dim = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   sequential_pass = p.decode;
 
-  // Host phases of a decode step (DSV41_HOST_PHASES=1; cuda_host_phases.h).
-  HostPhaseTimer* ph = p.decode && host_phases.on() ? &host_phases : nullptr;
+  // Host phases of a decode step or a prefill pass (DSV41_HOST_PHASES=1; cuda_host_phases.h).
+  HostPhaseTimer* ph = host_phases.on() ? &host_phases : nullptr;
   auto t_ph = ph ? ph->now() : HostPhaseTimer::Clock::time_point{};
   auto phase = [&](HostPhase k) {
     if (ph) t_ph = ph->add(k, t_ph);
@@ -412,7 +412,7 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
   phase(HostPhase::HeadIssue);
   step_done("forward");
   phase(HostPhase::FinalSync);
-  if (ph) ph->end_step(n);
+  if (ph) ph->end_step(n, p.decode);
 
   // ---- carried host state: Engram history ----
   engram_push_history(st, tokens, n);

@@ -1,7 +1,7 @@
-// Host time of a decode step by phase (DSV41_HOST_PHASES=1): where the host spends the wall time
-// of a step, so host work that leaves the GPU idle can be told apart from GPU work. Off by
-// default (one branch per phase); on, a log line every kReport decode steps gives each phase's
-// mean per step.
+// Host time of a decode step or a prefill pass by phase (DSV41_HOST_PHASES=1): where the host
+// spends the wall time of a step, so host work that leaves the GPU idle can be told apart from GPU
+// work. Off by default (one branch per phase); on, a log line every kReport decode steps (or
+// kReportPasses prefill passes) of one row count gives each phase's mean per step.
 #pragma once
 #include <spdlog/spdlog.h>
 
@@ -45,32 +45,33 @@ class HostPhaseTimer {
     if (on_) cur_[static_cast<size_t>(from)] -= ms;
   }
   double total(HostPhase p) const { return cur_[static_cast<size_t>(p)]; }  // so far in this step
-  void end_step(int64_t rows) {
+  void end_step(int64_t rows, bool decode = true) {
     if (!on_) return;
-    if (rows != rows_) {  // a report covers steps of one row count: drop a partial run of another
-      ms_.fill(0.0);
+    if (rows != rows_ || decode != decode_) {  // a report covers steps of one kind and row count:
+      ms_.fill(0.0);                          // drop a partial run of another
       steps_ = 0;
       rows_ = rows;
+      decode_ = decode;
     }
     for (size_t i = 0; i < ms_.size(); ++i) ms_[i] += cur_[i];
     cur_.fill(0.0);
-    if (++steps_ < kReport) return;
+    if (++steps_ < (decode ? kReport : kReportPasses)) return;
     const double k = 1.0 / static_cast<double>(steps_);
     double sum = 0;
     for (double v : ms_) sum += v;
     spdlog::info(
-        "cuda host phases, mean of {} decode steps of {} rows (ms): engram prepare {:.4f}, engram stage {:.4f}, "
+        "cuda host phases, mean of {} {} of {} rows (ms): engram prepare {:.4f}, engram stage {:.4f}, "
         "uploads {:.4f}, layer issue {:.4f}, top-k wait {:.4f}, top-k host {:.4f}, head issue {:.4f}, final sync "
         "{:.4f}; total {:.4f}",
-        steps_, rows, ms_[0] * k, ms_[1] * k, ms_[2] * k, ms_[3] * k, ms_[4] * k, ms_[5] * k, ms_[6] * k, ms_[7] * k,
-        sum * k);
+        steps_, decode ? "decode steps" : "prefill passes", rows, ms_[0] * k, ms_[1] * k, ms_[2] * k, ms_[3] * k,
+        ms_[4] * k, ms_[5] * k, ms_[6] * k, ms_[7] * k, sum * k);
     ms_.fill(0.0);
     steps_ = 0;
   }
 
  private:
-  static constexpr int64_t kReport = 8;
-  bool on_ = false;
+  static constexpr int64_t kReport = 8, kReportPasses = 4;
+  bool on_ = false, decode_ = true;
   std::array<double, static_cast<size_t>(HostPhase::kCount)> ms_{}, cur_{};
   int64_t steps_ = 0;
   int64_t rows_ = -1;

@@ -264,7 +264,7 @@ struct Impl {
   cudaEvent_t engram_uploaded = nullptr;  // the last Engram staging upload (engram_stage)
   cudaEvent_t scores_ready = nullptr;     // an eager top-k host point's scores download (host_point_wait)
   std::array<cudaEvent_t, 2> score_slice_ready{};  // a later index-score slice's download, per buffer
-  HostPhaseTimer host_phases;             // DSV41_HOST_PHASES=1: host time of decode steps by phase
+  HostPhaseTimer host_phases;             // DSV41_HOST_PHASES=1: host time of steps and passes by phase
   std::shared_ptr<DsparkModel> dspark;  // null: no DSpark stages loaded (cuda_dspark.cpp)
   int64_t dspark_stages = 0;            // DSpark rings per sequence state
   StagedUploader* staging = nullptr;    // set while load() runs: weight uploads go through it
@@ -389,7 +389,7 @@ struct Impl {
   HostPhaseTimer::Clock::time_point index_score_slices(
       int64_t slices, const std::function<void()>& deferred,
       const std::function<void(int64_t, float*, float*)>& issue,
-      const std::function<void(int64_t, const float*)>& select, bool decode_timing);
+      const std::function<void(int64_t, const float*)>& select);
   void final_rows(int64_t row0, int64_t rows);         // final collapse, norm and head -> sc.logits
   // ---- batched decode (src/cuda_model/cuda_decode_batch.cpp) ----
   // Rows per batched decode pass: the arena's; EXL3 linears pick their kernel path by row count

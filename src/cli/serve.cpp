@@ -243,6 +243,11 @@ int run_serve(const ServeOptions& o) {
     cuda_mo.device = kCudaDevice;
     // State rooms and the indexer's score rows are sized for the longest context a request may have.
     cuda_mo.max_context = o.max_model_len > 0 ? o.max_model_len : file_cfg.max_position_embeddings;
+    // Passes no longer than a step's token budget: the arena shrinks with --max-num-batched-tokens.
+    runtime::ServeMemoryPlan step;
+    step.world_size = o.world_size;
+    step.max_num_batched_tokens = o.max_num_batched_tokens;
+    cuda_mo.max_chunk_tokens = runtime::cuda_serve_pass_tokens(file_cfg, step, cuda_mo.max_chunk_tokens);
   } else {
     spdlog::info("device: cpu");
   }

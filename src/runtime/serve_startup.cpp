@@ -108,6 +108,12 @@ uint64_t cuda_dspark_scratch_bytes(const ModelConfig& c, int64_t chunk_tokens) {
   return static_cast<uint64_t>(4 * floats + 4 * ints + 8 * rows);
 }
 
+int64_t cuda_serve_pass_tokens(const ModelConfig& cfg, const ServeMemoryPlan& p, int64_t default_tokens) {
+  if (p.world_size > 1) return default_tokens;
+  const int64_t need = std::max<int64_t>({p.max_num_batched_tokens, cfg.dspark_block_size, 1});
+  return std::min(default_tokens, need);
+}
+
 std::vector<BudgetItem> cuda_serve_budget_items(const ModelConfig& c, const ServeMemoryPlan& p, int64_t chunk_tokens,
                                                 int64_t max_context, bool unified) {
   DSV_CHECK(p.world_size >= 1, "memory budget: world size must be at least 1");

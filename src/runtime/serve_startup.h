@@ -67,6 +67,14 @@ uint64_t cuda_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens, int64_
 // src/cuda_model/cuda_dspark.cpp load_dspark); 0 when the config has no DSpark stages.
 uint64_t cuda_dspark_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens);
 
+// Tokens per forward pass of a serving CUDA engine (CudaModelOptions::max_chunk_tokens, which sizes
+// the scratch arena): no step holds more than --max-num-batched-tokens tokens, so longer passes
+// would only grow the arena (a forward splits anything longer into passes anyway, so results and
+// step sizes do not change); DSpark's drafter needs one block per pass. Tensor-parallel ranks keep
+// `default_tokens`: each rank reads its own flags, and all must split a forward into the same
+// passes.
+int64_t cuda_serve_pass_tokens(const ModelConfig& cfg, const ServeMemoryPlan& p, int64_t default_tokens);
+
 // The budget table's items for the CUDA engine on one device: all weights (uploaded once), the
 // sequence-state pool (device memory), the scratch arena as workspaces, CUDA graphs and NCCL
 // buffers (none yet: 0). The Engram row cache is host memory: it is an item here only when

@@ -64,6 +64,32 @@ TEST(CudaBudget, TensorParallelRankCountsItsShare) {
   EXPECT_THROW(cuda_serve_budget_items(c, p, 256, 128, false), Error);
 }
 
+// A server's passes are no longer than a step's token budget, so a smaller
+// --max-num-batched-tokens shrinks the arena; a DSpark block still fits one pass; tensor-parallel
+// ranks keep the default (each reads its own flags, and all must split forwards alike).
+TEST(CudaBudget, PassTokensFollowTheStepBudget) {
+  ModelConfig c = load_model_config(kModel + "/config.json");
+  ServeMemoryPlan p;
+  p.world_size = 1;
+  p.max_num_batched_tokens = 512;
+  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 512);
+  p.max_num_batched_tokens = 8192;
+  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 2048);
+  c.dspark_block_size = 16;
+  p.max_num_batched_tokens = 4;
+  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 16);
+  c.dspark_block_size = 0;
+  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 4);
+  p.world_size = 2;
+  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 2048);
+  // the arena the budget counts follows the pass size
+  p.world_size = 1;
+  p.max_num_batched_tokens = 256;
+  const int64_t small = cuda_serve_pass_tokens(c, p, 2048);
+  EXPECT_LT(item(cuda_serve_budget_items(c, p, small, 4096, false), budget_item::kWorkspaces),
+            item(cuda_serve_budget_items(c, p, 2048, 4096, false), budget_item::kWorkspaces));
+}
+
 TEST(CudaBudget, ScratchCoversLogitsStreamsAndOneScoreSlice) {
   const ModelConfig c = load_model_config(kModel + "/config.json");
   int64_t min_ratio = 0;

@@ -69,21 +69,21 @@ TEST(CudaBudget, TensorParallelRankCountsItsShare) {
 // ranks keep the default (each reads its own flags, and all must split forwards alike).
 TEST(CudaBudget, PassTokensFollowTheStepBudget) {
   ModelConfig c = load_model_config(kModel + "/config.json");
-  ServeMemoryPlan p;
-  p.world_size = 1;
-  p.max_num_batched_tokens = 512;
-  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 512);
-  p.max_num_batched_tokens = 8192;
-  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 2048);
-  c.dspark_block_size = 16;
-  p.max_num_batched_tokens = 4;
-  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 16);
-  c.dspark_block_size = 0;
-  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 4);
-  p.world_size = 2;
-  EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), 2048);
+  struct Case {
+    int world;
+    int64_t budget, dspark_block, want;
+  };
+  for (const Case& k : {Case{1, 512, 0, 512}, Case{1, 8192, 0, 2048}, Case{1, 4, 16, 16}, Case{1, 4, 0, 4},
+                        Case{2, 512, 0, 2048}}) {
+    ServeMemoryPlan p;
+    p.world_size = k.world;
+    p.max_num_batched_tokens = k.budget;
+    c.dspark_block_size = k.dspark_block;
+    EXPECT_EQ(cuda_serve_pass_tokens(c, p, 2048), k.want)
+        << "world " << k.world << " budget " << k.budget << " block " << k.dspark_block;
+  }
   // the arena the budget counts follows the pass size
-  p.world_size = 1;
+  ServeMemoryPlan p;
   p.max_num_batched_tokens = 256;
   const int64_t small = cuda_serve_pass_tokens(c, p, 2048);
   EXPECT_LT(item(cuda_serve_budget_items(c, p, small, 4096, false), budget_item::kWorkspaces),

@@ -68,11 +68,11 @@ uint64_t cuda_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens, int64_
 uint64_t cuda_dspark_scratch_bytes(const ModelConfig& cfg, int64_t chunk_tokens);
 
 // Tokens per forward pass of a serving CUDA engine (CudaModelOptions::max_chunk_tokens, which sizes
-// the scratch arena): no step holds more than --max-num-batched-tokens tokens, so longer passes
-// would only grow the arena (a forward splits anything longer into passes anyway, so results and
-// step sizes do not change); DSpark's drafter needs one block per pass. Tensor-parallel ranks keep
-// `default_tokens`: each rank reads its own flags, and all must split a forward into the same
-// passes.
+// the scratch arena): a step's prefill chunk or decode batch never holds more than
+// --max-num-batched-tokens tokens, so longer passes would only grow the arena (a forward longer
+// than a pass, such as a DSpark drafter pass over many sequences, is split into passes); the
+// drafter needs one block per pass. Tensor-parallel ranks keep `default_tokens`: each rank reads
+// its own flags, and all must split a forward into the same passes.
 int64_t cuda_serve_pass_tokens(const ModelConfig& cfg, const ServeMemoryPlan& p, int64_t default_tokens);
 
 // The budget table's items for the CUDA engine on one device: all weights (uploaded once), the

@@ -28,7 +28,8 @@
 // Latency hiding (Lin8 at decode sizes): a warp's loads of one chunk group and its arithmetic are
 // serial, so each warp also asks the TMA unit to pull the weight rows of the next `prefetch_chunks` chunks into L2
 // (cp.async.bulk.prefetch, one instruction per row range); the next demand loads then hit L2. The
-// launcher sizes the window so that all resident warps together keep ~20 MB ahead (L2: 50 MB).
+// launcher sizes the window so that all resident warps together keep ~20 MB ahead (L2: 50 MB),
+// for calls whose weights fit in half the L2.
 // Launches use programmatic dependent launch (ops/pdl.cuh): for Lin8 the first weight ranges are
 // prefetched before griddepcontrol.wait. That reads nothing an earlier kernel writes (weights are
 // never written by kernels, and an L2 prefetch delivers nothing to the SM: L2 is the GPU's point of
@@ -618,7 +619,15 @@ cudaError_t launch_one(const BlockScaledArgs& a, int64_t groups, cudaStream_t s)
     const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(gx * g, resident));
     const int64_t chunk_bytes = 32 * static_cast<int64_t>(NO) * block_bytes;  // one chunk of a warp's rows
     const int64_t w = kWindowBytes / (ctas * kWarps * chunk_bytes);
-    b.prefetch_chunks = aligned && l2_prefetch_enabled() ? static_cast<int>(std::clamp<int64_t>(w, 1, 8)) : 0;
+    // Only for calls whose weights fit in half the L2. Measured on H200 (bench_gpu_linear, window
+    // on -> off, us): the 42 MB calls lose with it (wq_b m = 1 / 2 / 4 16.9 / 19.7 / 28.2 -> 16.4 /
+    // 18.5 / 27.0, wo_b m = 2 25.6 -> 22.0), the 6.6-24 MB ones gain 0.3-0.7 (wq_a, shared w1/w2,
+    // the grouped pairs).
+    int64_t weight_bytes = 0;
+    for (int p = 0; p < b.n_parts; ++p) weight_bytes += b.out[p] * b.in;
+    const bool fits = weight_bytes <= l2_bytes() / 2;
+    b.prefetch_chunks =
+        aligned && fits && l2_prefetch_enabled() ? static_cast<int>(std::clamp<int64_t>(w, 1, 8)) : 0;
   }
   // grid.y is limited to 65535: row groups run in slices
   for (int64_t g0 = 0; g0 < groups; g0 += 65535) {

@@ -472,6 +472,14 @@ inline int sm_count() {
     return 132;
   return n;
 }
+// Bytes of the current device's L2 cache (50 MB, the H200's, when the query fails).
+inline int64_t l2_bytes() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrL2CacheSize, dev) != cudaSuccess ||
+      n <= 0)
+    return int64_t{50} << 20;
+  return n;
+}
 
 // Opt-in to more than 48 KB of dynamic shared memory with the largest shared-memory carveout, once
 // per kernel and device (`done`: that kernel's bit per device; the attribute is per device, and

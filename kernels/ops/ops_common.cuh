@@ -464,22 +464,17 @@ inline cudaError_t allow_dynamic_smem(size_t bytes) {
   return e;
 }
 
-// SMs of the current device (132, the H200's count, when it cannot be read).
-inline int sm_count() {
+// An attribute of the current device, or `fallback` (the H200's value) when it cannot be read.
+inline int device_attribute(cudaDeviceAttr attr, int fallback) {
   int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      n <= 0)
-    return 132;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, attr, dev) != cudaSuccess || n <= 0)
+    return fallback;
   return n;
 }
-// Bytes of the current device's L2 cache (50 MB, the H200's, when the query fails).
-inline int64_t l2_bytes() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrL2CacheSize, dev) != cudaSuccess ||
-      n <= 0)
-    return int64_t{50} << 20;
-  return n;
-}
+// SMs of the current device.
+inline int sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount, 132); }
+// Bytes of the current device's L2 cache.
+inline int64_t l2_bytes() { return device_attribute(cudaDevAttrL2CacheSize, 50 << 20); }
 
 // Opt-in to more than 48 KB of dynamic shared memory with the largest shared-memory carveout, once
 // per kernel and device (`done`: that kernel's bit per device; the attribute is per device, and

@@ -56,6 +56,10 @@ class Sampler {
   SampledToken sample(std::span<const float> logits, std::span<const int32_t> banned = {});
   const SamplingParams& params() const { return p_; }
   bool greedy() const { return p_.temperature < 1e-5 || p_.top_k == 1; }
+  // Greedy with nothing that edits or reports the row (no bias, penalties, bans or logprobs): the
+  // pick is the raw row's first maximum (std::max_element), which a backend may compute where the
+  // logits are (ForwardItem::greedy_id); record(id, {}) then commits it.
+  bool raw_argmax(std::span<const int32_t> banned) const;
 
   // The distribution sample() would draw from for this row, without drawing or recording.
   // `pending` are tokens counted as already generated on top of the recorded ones (penalties of
@@ -68,6 +72,18 @@ class Sampler {
   SampledToken record(int32_t id, std::span<const float> logits);
 
  private:
+  // The candidates of one row after every request transform, as views into the calling thread's
+  // scratch (valid until its next call): entries (candidate_sort.h) with their weights, most likely
+  // first; or one candidate `only` (greedy, or everything banned).
+  struct Weighted {
+    std::span<const uint64_t> entries;
+    std::span<const double> weights;
+    double total = 1.0;
+    int32_t only = -1;
+  };
+  Weighted weigh(std::span<const float> logits, std::span<const int32_t> banned,
+                 std::span<const int32_t> pending) const;
+
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int32_t> output_counts_;

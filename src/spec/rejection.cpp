@@ -1,7 +1,6 @@
 #include "spec/rejection.h"
 
 #include <algorithm>
-#include <unordered_map>
 
 namespace dsv41::spec {
 
@@ -14,14 +13,17 @@ Verdict accept_or_resample(const sched::TokenDistribution& p, const sched::Token
   if (qd > 0.0 && uniform() * qd < pd) return Verdict{true, d};
 
   // Residual max(p − q, 0) over p's candidates (outside them p is 0 and so is the residual).
-  std::unordered_map<int32_t, double> qmap;
-  qmap.reserve(q.ids.size());
-  for (size_t i = 0; i < q.ids.size(); ++i) qmap[q.ids[i]] = q.total > 0.0 ? q.weights[i] / q.total : 0.0;
+  // q by id (dense: a whole-vocabulary q has ~129k candidates; absent ids have probability 0).
+  int32_t max_id = 0;
+  for (int32_t id : q.ids) max_id = std::max(max_id, id);
+  std::vector<double> qprob(static_cast<size_t>(max_id) + 1, 0.0);
+  for (size_t i = 0; i < q.ids.size(); ++i)
+    if (q.ids[i] >= 0) qprob[static_cast<size_t>(q.ids[i])] = q.total > 0.0 ? q.weights[i] / q.total : 0.0;
   std::vector<double> r(p.ids.size());
   double sum = 0.0;
   for (size_t i = 0; i < p.ids.size(); ++i) {
-    const auto it = qmap.find(p.ids[i]);
-    const double pi = p.weights[i] / p.total, qi = it == qmap.end() ? 0.0 : it->second;
+    const int32_t id = p.ids[i];
+    const double pi = p.weights[i] / p.total, qi = id >= 0 && id <= max_id ? qprob[static_cast<size_t>(id)] : 0.0;
     sum += r[i] = std::max(pi - qi, 0.0);
   }
   const double u = uniform();

@@ -1,5 +1,6 @@
 // Token embedding into the hc streams (MODEL.md §5.1: every stream starts as the embedding row) and
-// the greedy pick over logits (first maximum, as argmax in the reference).
+// the greedy pick over logits (first maximum, as argmax in the reference, or as std::max_element
+// for the server's device-side greedy sampling).
 #include <cmath>
 
 #include "ops/ops_common.cuh"
@@ -37,7 +38,7 @@ __global__ void argmax_kernel(ArgmaxArgs a) {
   float best = 0.0f;
   int64_t bi = -1;
   for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x)
-    if (ahead(x[i], i, best, bi)) best = x[i], bi = i;
+    if (!(a.skip_nan && isnan(x[i])) && ahead(x[i], i, best, bi)) best = x[i], bi = i;
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(dev::kFull, best, o);
     const int64_t oi = __shfl_xor_sync(dev::kFull, bi, o);
@@ -55,6 +56,8 @@ __global__ void argmax_kernel(ArgmaxArgs a) {
       const int64_t oi = __shfl_xor_sync(dev::kFull, bi, o);
       if (ahead(ov, oi, best, bi)) best = ov, bi = oi;
     }
+    // max_element keeps a NaN first element (no number compares above it); an all-NaN row too
+    if (a.skip_nan && (bi < 0 || isnan(x[0]))) bi = 0;
     if (lane == 0) a.out[blockIdx.x] = static_cast<int32_t>(bi);
   }
 }

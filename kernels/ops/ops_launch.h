@@ -353,6 +353,9 @@ struct ArgmaxArgs {
   const float* x = nullptr;  // [rows][n]
   int64_t rows = 0, n = 0;
   int32_t* out = nullptr;  // [rows]: first index of the maximum (NaN counts as the maximum)
+  // true: std::max_element's pick instead (the host sampler's greedy rule): NaN never beats a
+  // number, and a row whose first element is NaN picks 0.
+  bool skip_nan = false;
 };
 
 // ---- elementwise ----------------------------------------------------------------------------------

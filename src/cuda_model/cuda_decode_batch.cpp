@@ -76,7 +76,7 @@ void Impl::forward_items(std::span<ForwardItem> items) {
   for (ForwardItem& it : items) {
     if (std::find(steps.begin(), steps.end(), &it) != steps.end()) continue;
     forward(state_of(*it.state), it.tokens.data(), static_cast<int64_t>(it.tokens.size()), it.all_logits, it.logits,
-            nullptr);
+            nullptr, it.greedy_id);
   }
   // The steps in passes of at most max_decode_batch() rows, split evenly.
   const int64_t total = static_cast<int64_t>(steps.size()), most = std::max<int64_t>(1, max_decode_batch());
@@ -85,7 +85,7 @@ void Impl::forward_items(std::span<ForwardItem> items) {
     const int64_t cnt = (total - i0) / (passes - k);
     if (cnt == 1) {
       ForwardItem& it = *steps[static_cast<size_t>(i0)];
-      forward(state_of(*it.state), it.tokens.data(), 1, it.all_logits, it.logits, nullptr);
+      forward(state_of(*it.state), it.tokens.data(), 1, it.all_logits, it.logits, nullptr, it.greedy_id);
     } else {
       forward_decode_batch(std::span<ForwardItem* const>(steps).subspan(static_cast<size_t>(i0), static_cast<size_t>(cnt)));
     }
@@ -99,6 +99,7 @@ void Impl::forward_decode_batch(std::span<ForwardItem* const> items) {
   DecodeBatch db;
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>*> logits;
+  std::vector<int32_t*> pick_out;
   // Every item is checked before anything runs.
   for (ForwardItem* it : items) {
     CudaSeqState& st = state_of(*it->state);
@@ -109,13 +110,16 @@ void Impl::forward_decode_batch(std::span<ForwardItem* const> items) {
     db.pos.push_back(st.n_past);
     tokens.push_back(it->tokens[0]);
     logits.push_back(it->logits);
+    // a pick replaces the row's logits download (forward() has the same rule)
+    pick_out.push_back(it->logits && !it->all_logits && !tp && device_picks ? it->greedy_id : nullptr);
   }
-  for (std::vector<float>* l : logits)
-    if (l) l->resize(static_cast<size_t>(V));  // all V written by the download (forward() does the same)
-  run_decode_pass(db, tokens.data(), logits);
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] && !pick_out[i]) logits[i]->resize(static_cast<size_t>(V));  // all V written by the download
+  run_decode_pass(db, tokens.data(), logits, pick_out);
 }
 
-void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std::vector<float>* const> logits) {
+void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std::vector<float>* const> logits,
+                           std::span<int32_t* const> pick_out) {
   const ModelConfig& c = cfg;
   const int64_t n = db.rows(), V = c.vocab_size, N = c.engram_max_ngram_size, layers = c.num_hidden_layers;
   db.shared.assign(static_cast<size_t>(n), {});
@@ -194,13 +198,23 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
   // ---- head over every row when any item wants logits (one read of the head) ----
   const bool head = std::any_of(logits.begin(), logits.end(), [](const std::vector<float>* l) { return l != nullptr; });
   if (head) final_rows(0, n);
+  auto pick_of = [&](int64_t i) {
+    return i < static_cast<int64_t>(pick_out.size()) ? pick_out[static_cast<size_t>(i)] : nullptr;
+  };
+  bool any_pick = false;
+  for (int64_t i = 0; i < n; ++i) any_pick = any_pick || (logits[static_cast<size_t>(i)] && pick_of(i));
+  if (any_pick) pick_rows(n);
   if (dspark) dspark_feed_rings_batch(*this, db);
   if (graph) graph->end();
   if (tp && head) sync_stream("batched decode");  // before the pageable copies (cuda_forward.cpp)
+  if (any_pick)  // n ids into pinned memory
+    gpu::check_cuda(cudaMemcpyAsync(picks_host.data(), picks.get(), static_cast<size_t>(n) * 4,
+                                    cudaMemcpyDeviceToHost, stream),
+                    "pick download");
   if (head) {  // into the callers' (pageable) vectors, after the graph
     for (int64_t i = 0; i < n; ++i) {
       std::vector<float>* l = logits[static_cast<size_t>(i)];
-      if (!l) continue;
+      if (!l || pick_of(i)) continue;
       gpu::check_cuda(cudaMemcpyAsync(l->data(), sc.logits + i * V, static_cast<size_t>(V) * 4, cudaMemcpyDeviceToHost,
                                       stream),
                       "logits download");
@@ -208,6 +222,8 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
   }
   phase(HostPhase::HeadIssue);
   step_done("batched decode");
+  for (int64_t i = 0; i < n; ++i)
+    if (logits[static_cast<size_t>(i)] && pick_of(i)) *pick_of(i) = picks_host.data()[i];
   phase(HostPhase::FinalSync);
   if (ph) ph->end_step(n);
 

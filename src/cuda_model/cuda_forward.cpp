@@ -320,8 +320,18 @@ void Impl::final_rows(int64_t row0, int64_t rows) {
   head_logits(sc.x, rows, sc.logits);
 }
 
+void Impl::pick_rows(int64_t rows) {
+  gpu::ArgmaxArgs a;
+  a.x = sc.logits;
+  a.rows = rows;
+  a.n = cfg.vocab_size;
+  a.out = picks.as<int32_t>();
+  a.skip_nan = true;
+  gpu::argmax(a, stream);
+}
+
 void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int64_t logit_rows_from,
-                    float* logits_host, BlockDump* dump) {
+                    float* logits_host, BlockDump* dump, int32_t* pick) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, dim = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
   sequential_pass = p.decode;
@@ -400,17 +410,24 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
 
   // ---- final norm and head ----
   if (logit_rows_from >= 0) final_rows(logit_rows_from, n - logit_rows_from);
+  if (pick) {
+    DSV_ASSERT(logit_rows_from == n - 1 && !tp, "forward: a greedy pick is one row of a one-node pass");
+    pick_rows(1);
+  }
   if (dspark) dspark_feed_rings(*this, st, p);  // DSpark rings of the pass's positions
   if (graph) graph->end();
   // A copy into pageable memory blocks until the stream reaches it: under tensor parallelism wait
   // for the step first (polling the collective, sync_stream), so a lost rank cannot hang the copy.
   if (tp && logit_rows_from >= 0) sync_stream("forward");
-  if (logit_rows_from >= 0)  // into the caller's (pageable) vector, after the graph
+  if (pick)  // 4 bytes into pinned memory instead of the vocabulary row
+    gpu::check_cuda(cudaMemcpyAsync(picks_host.data(), picks.get(), 4, cudaMemcpyDeviceToHost, stream), "pick download");
+  else if (logit_rows_from >= 0)  // into the caller's (pageable) vector, after the graph
     gpu::check_cuda(cudaMemcpyAsync(logits_host, sc.logits, static_cast<size_t>((n - logit_rows_from) * V) * 4,
                                     cudaMemcpyDeviceToHost, stream),
                     "logits download");
   phase(HostPhase::HeadIssue);
   step_done("forward");
+  if (pick) *pick = picks_host.data()[0];
   phase(HostPhase::FinalSync);
   if (ph) ph->end_step(n, p.decode);
 
@@ -439,7 +456,7 @@ void Impl::check_tokens(const CudaSeqState& st, const int32_t* tokens, int64_t n
 }
 
 void Impl::forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_logits, std::vector<float>* logits,
-                   BlockDump* dump) {
+                   BlockDump* dump, int32_t* pick) {
   const ModelConfig& c = cfg;
   const int64_t V = c.vocab_size, start = st.n_past, end = start + n;
   check_tokens(st, tokens, n);
@@ -447,7 +464,9 @@ void Impl::forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_
   const int64_t layout_end = std::max(end, st.prompt_len);
   // Every element is written by the passes' logits downloads: a reused vector keeps its memory and
   // is not cleared (clearing it would hold the step's first launch back by a pass over V floats).
-  if (logits) logits->resize(static_cast<size_t>((all_logits ? n : 1) * V));
+  // a pick replaces the last row's logits, one node only
+  if (all_logits || !logits || tp || !device_picks) pick = nullptr;
+  if (logits && !pick) logits->resize(static_cast<size_t>((all_logits ? n : 1) * V));
   if (dump) {
     dump->h.assign(static_cast<size_t>(c.num_hidden_layers), {});
     dump->pre.assign(static_cast<size_t>(c.num_hidden_layers), {});
@@ -467,9 +486,9 @@ void Impl::forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_
       dst = logits->data() + off * V;
     } else if (logits && last) {
       from = cnt - 1;
-      dst = logits->data();
+      dst = pick ? nullptr : logits->data();
     }
-    run_pass(st, tokens + off, p, from, dst, dump);
+    run_pass(st, tokens + off, p, from, dst, dump, last ? pick : nullptr);
   }
 }
 

@@ -257,6 +257,11 @@ struct Impl {
   PinnedArray<uint8_t> engram_host;
   PinnedArray<float> scores_host;
   PinnedArray<int32_t> topk_host;
+  // Greedy picks of a pass's logit rows (server sampling without the vocabulary download);
+  // DSV41_NO_DEVICE_PICK=1 turns them off (logits download as before: A/B runs).
+  DeviceBuffer picks;
+  PinnedArray<int32_t> picks_host;
+  bool device_picks = true;
   // Decode steps in CUDA graphs (cuda_graph.h): graphs is null under tensor parallelism; graphs_on
   // from CudaModelOptions::cuda_graphs and DSV41_NO_GRAPHS (CudaModel::set_cuda_graphs).
   std::unique_ptr<StepGraphs> graphs;
@@ -325,12 +330,16 @@ struct Impl {
   int64_t state_bytes(int64_t capacity_tokens) const;  // device bytes a state of that room takes
   CudaSeqState& state_of(SeqState& s) const;
   // ---- forward (src/cuda_model/cuda_forward.cpp, cuda_attention.cpp) ----
+  // `pick` (with logits, not all_logits): the last row's greedy pick goes there instead of its
+  // logits (ForwardItem::greedy_id); one-node runs only, otherwise the logits are filled.
   void forward(CudaSeqState& st, const int32_t* tokens, int64_t n, bool all_logits, std::vector<float>* logits,
-               BlockDump* dump);
+               BlockDump* dump, int32_t* pick = nullptr);
   // Refuses tokens the model cannot take at the state's position (vocabulary, image, context, capacity).
   void check_tokens(const CudaSeqState& st, const int32_t* tokens, int64_t n) const;
   void run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int64_t logit_rows_from,
-                float* logits_host, BlockDump* dump);
+                float* logits_host, BlockDump* dump, int32_t* pick = nullptr);
+  // Greedy picks of sc.logits rows [0, rows) into picks_host (std::max_element rule), on the stream.
+  void pick_rows(int64_t rows);
   // The block around its attention (`attend`: attention of this pass's rows, sc.x -> sc.y, given the
   // codes of the normed rows sc.x).
   void block_forward(const GpuBlock& b, const Pass& p, const std::function<void(const QuantizedInput&)>& attend);
@@ -400,7 +409,9 @@ struct Impl {
   // together in batched passes.
   void forward_items(std::span<ForwardItem> items);
   void forward_decode_batch(std::span<ForwardItem* const> items);  // one-token decode steps, distinct states
-  void run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std::vector<float>* const> logits);
+  // pick_out: per row, null or where its greedy pick goes instead of its logits (forward()'s `pick`).
+  void run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std::vector<float>* const> logits,
+                       std::span<int32_t* const> pick_out = {});
   void attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedInput& xq = {});
   // exact: keep the per-pair kernels whatever the pass size (decode steps, so that a sequence's
   // tokens do not depend on how many others share its batch).

@@ -462,6 +462,7 @@ void Impl::load(const std::string& dir) {
   if (!tp) {  // decode steps in CUDA graphs (tensor parallelism keeps its collectives eager)
     graphs = std::make_unique<StepGraphs>(stream);
     graphs_on = (opts.cuda_graphs || env_is("DSV41_CUDA_GRAPHS", "1")) && !env_is("DSV41_NO_GRAPHS", "1");
+    device_picks = !env_is("DSV41_NO_DEVICE_PICK", "1");
   }
   // Weight uploads ran on the legacy stream, which the model's non-blocking stream does not wait for.
   ops::gpu::check_cuda(cudaDeviceSynchronize(), "weight upload");
@@ -567,6 +568,8 @@ void Impl::alloc_scratch() {
   }
   scores_host.resize(static_cast<size_t>(plan.slicing.floats()));
   topk_host.resize(static_cast<size_t>(m * std::max<int64_t>(1, c.index_topk)));
+  picks = DeviceBuffer(static_cast<size_t>(s.logit_rows) * 4);
+  picks_host.resize(static_cast<size_t>(s.logit_rows));
 }
 
 }  // namespace dsv41::model::cuda

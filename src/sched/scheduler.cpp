@@ -6,6 +6,7 @@
 
 #include "dsv41/dist/collective.h"
 #include "dsv41/common/error.h"
+#include "dsv41/common/parallel.h"
 #include "spec/speculator.h"
 
 namespace dsv41::sched {
@@ -21,6 +22,7 @@ struct Scheduler::Sequence {
   std::unique_ptr<SeqState> state;
   int64_t room = 0;             // context tokens the state has room for (whole pool blocks)
   std::vector<float> logits;
+  int32_t device_pick = -1;     // the backend's greedy pick for this step (ForwardItem::greedy_id), or -1
   int64_t chunk = 0;            // tokens fed in the step being built
   spec::BanRule bans;           // EOS and stop ids while below min_tokens
   int64_t steps = 0;            // target steps that committed tokens (SampledToken::step)
@@ -291,6 +293,11 @@ bool Scheduler::step() {
       it.all_logits = true;
     }
     it.logits = &s->logits;
+    // A sequence that samples after this chunk with a plain greedy pick lets the backend pick
+    // where the logits are (a GPU then downloads one id instead of a vocabulary row).
+    s->device_pick = -1;
+    const bool samples = !s->verifying && s->n_fed + s->chunk >= static_cast<int64_t>(s->tokens.size());
+    if (samples && s->sampler->raw_argmax(s->bans.at(s->n_generated))) it.greedy_id = &s->device_pick;
     verify.push_back(s->verifying ? 1 : 0);
     batch.push_back(it);
     members.push_back(s.get());
@@ -331,6 +338,7 @@ bool Scheduler::step() {
   const auto& cfg = model_.config();
   const size_t vocab = static_cast<size_t>(cfg.vocab_size);
   int64_t new_tokens = 0, prompt_tokens = 0;
+  std::vector<Sequence*> sampling;
   for (Sequence* s : members) {
     if (s->verifying) {
       new_tokens += commit_verified(*s);
@@ -340,12 +348,30 @@ bool Scheduler::step() {
     s->n_fed += s->chunk;
     if (first_pass) prompt_tokens += s->chunk;
     if (s->n_fed < static_cast<int64_t>(s->tokens.size())) continue;
-    DSV_ASSERT(s->logits.size() >= vocab, "forward returned {} logits, vocab is {}", s->logits.size(), vocab);
-    std::span<const float> row(s->logits.data() + (s->logits.size() - vocab), vocab);
-    SampledToken t = s->sampler->sample(row, s->bans.at(s->n_generated));
-    t.step = ++s->steps;
+    if (s->device_pick >= 0)
+      DSV_ASSERT(s->device_pick < static_cast<int64_t>(vocab), "forward picked token {}, vocab is {}", s->device_pick, vocab);
+    else
+      DSV_ASSERT(s->logits.size() >= vocab, "forward returned {} logits, vocab is {}", s->logits.size(), vocab);
+    sampling.push_back(s);
+  }
+  // Each sequence owns its sampler (RNG, counts), so the rows are sampled on the thread pool;
+  // tokens are delivered afterwards in batch order.
+  std::vector<SampledToken> sampled(sampling.size());
+  parallel_for(static_cast<int64_t>(sampling.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      Sequence* s = sampling[static_cast<size_t>(i)];
+      if (s->device_pick >= 0) {
+        sampled[static_cast<size_t>(i)] = s->sampler->record(s->device_pick, {});
+        continue;
+      }
+      std::span<const float> row(s->logits.data() + (s->logits.size() - vocab), vocab);
+      sampled[static_cast<size_t>(i)] = s->sampler->sample(row, s->bans.at(s->n_generated));
+    }
+  });
+  for (size_t i = 0; i < sampling.size(); ++i) {
+    sampled[i].step = ++sampling[i]->steps;
     ++new_tokens;
-    deliver(*s, std::move(t));
+    deliver(*sampling[i], std::move(sampled[i]));
   }
   std::erase_if(running_, [](const auto& s) { return s->ch->finish_reason() != FinishReason::none; });
   {

@@ -10,6 +10,7 @@
 // match too, as must an arena smaller than the batch (several passes per step).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -221,6 +222,60 @@ TEST(GpuBatchedDecode, TinyLongWithDsparkMatchesSingleStepsAndCpu) {
 
 // An arena of 3 tokens per pass: the decode steps of 6 sequences take several passes per step.
 TEST(GpuBatchedDecode, SmallArenaSplitsStepsIntoPasses) { check_fixture("tiny-s0", 0, s0_plans(), true, 3); }
+
+// The server's device-side greedy sampling (ForwardItem::greedy_id): every step of the schedule
+// (prefill and decode, batched and alone) picks the first maximum of the row the same step returns
+// as logits, and leaves the logits vector alone.
+TEST(GpuBatchedDecode, GreedyPicksAreTheArgmaxOfTheLogits) {
+  auto m = model::CudaModel::load(kFixtures + "/tiny-s0/model", cuda_opts("tiny-s0", 0, 256, false));
+  const std::vector<SeqPlan> plans = s0_plans();
+  int64_t steps = 0;
+  for (const SeqPlan& p : plans) steps = std::max(steps, p.leave);
+  for (bool together : {true, false}) {
+    std::vector<std::unique_ptr<SeqState>> with_logits(plans.size()), with_picks(plans.size());
+    int64_t checked = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      std::vector<ForwardItem> a, b;
+      std::vector<std::vector<float>> rows(plans.size()), untouched(plans.size());
+      std::vector<int32_t> picks(plans.size(), -1);
+      std::vector<size_t> owner;
+      for (size_t i = 0; i < plans.size(); ++i) {
+        const SeqPlan& p = plans[i];
+        if (s < p.join || s >= p.leave) continue;
+        std::span<const int32_t> tokens = p.prompt;
+        if (s > p.join) {
+          tokens = std::span<const int32_t>(&p.feed[static_cast<size_t>(s - p.join - 1)], 1);
+        } else {
+          for (auto* st : {&with_logits[i], &with_picks[i]}) {
+            *st = m->new_sequence();
+            (*st)->prompt_len = static_cast<int64_t>(p.prompt.size());
+          }
+        }
+        a.push_back(ForwardItem{with_logits[i].get(), tokens, false, &rows[i]});
+        b.push_back(ForwardItem{with_picks[i].get(), tokens, false, &untouched[i], &picks[i]});
+        owner.push_back(i);
+      }
+      if (together) {
+        m->forward(a);
+        m->forward(b);
+      } else {
+        for (size_t j = 0; j < a.size(); ++j) {
+          m->forward(std::span<ForwardItem>(&a[j], 1));
+          m->forward(std::span<ForwardItem>(&b[j], 1));
+        }
+      }
+      for (size_t i : owner) {
+        const auto& row = rows[i];
+        ASSERT_EQ(row.size(), static_cast<size_t>(m->config().vocab_size));
+        EXPECT_EQ(picks[i], std::max_element(row.begin(), row.end()) - row.begin())
+            << (together ? "batched" : "alone") << " sequence " << i << " step " << s;
+        EXPECT_TRUE(untouched[i].empty()) << "sequence " << i << " step " << s << ": logits were downloaded";
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 40);
+  }
+}
 
 // A state named twice in one call advances item by item, as two calls would; the call's other
 // decode steps still run batched.

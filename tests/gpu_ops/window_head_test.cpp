@@ -251,6 +251,31 @@ TEST(GpuOps, EmbedAndArgmax) {
     sync_ok();
     expect_equal(what + " argmax", didx.host<int32_t>(), want_idx);
     expect_guards(what, didx);
+
+    // The host sampler's rule (std::max_element): NaN never wins over a number; a NaN first
+    // element is kept, as is index 0 of an all-NaN row.
+    std::vector<float> with_nan_rows = logits;
+    with_nan_rows.resize(static_cast<size_t>((rows + 1) * vocab), NAN);  // row 4: all NaN
+    with_nan_rows[static_cast<size_t>(3 * vocab)] = NAN;                 // row 3: NaN first
+    with_nan_rows[static_cast<size_t>(vocab + 7)] = NAN;                 // row 1: NaN before the tie
+    std::vector<int32_t> want_max_element;
+    for (int64_t r = 0; r <= rows; ++r) {
+      const float* x = &with_nan_rows[r * vocab];
+      want_max_element.push_back(static_cast<int32_t>(std::max_element(x, x + vocab) - x));
+    }
+    ASSERT_EQ(want_max_element[3], 0);
+    ASSERT_EQ(want_max_element[4], 0);
+    DeviceBuffer dn = DeviceBuffer::from(with_nan_rows);
+    Guarded dme(static_cast<size_t>(rows + 1) * 4);
+    gpu::ArgmaxArgs me = aa;
+    me.x = dn.as<float>();
+    me.rows = rows + 1;
+    me.out = dme.as<int32_t>();
+    me.skip_nan = true;
+    gpu::argmax(me, nullptr);
+    sync_ok();
+    expect_equal(what + " argmax (max_element)", dme.host<int32_t>(), want_max_element);
+    expect_guards(what, dme);
     if (s.name == "real") report_time(what + " argmax rows=4", time_us([&] { gpu::argmax(aa, nullptr); }));
   }
 }

@@ -140,6 +140,50 @@ TEST(Scheduler, SeededSamplingIsReproducibleUnderBatching) {
   EXPECT_NE(ia, n1);
 }
 
+TEST(Scheduler, PlainGreedyPicksComeFromTheBackend) {
+  test_support::RuleModel m(test_support::tiny_config());
+  m.picks_greedy = true;
+  sched::SchedulerOptions o;
+  o.max_num_seqs = 3;
+  o.max_num_batched_tokens = 16;  // chunked prefill: only the chunk that completes a prompt samples
+  sched::Scheduler s(m, o);
+  std::vector<std::shared_ptr<sched::TokenChannel>> chans;
+  for (int i = 0; i < 3; ++i) chans.push_back(s.submit(greedy(test_support::random_prompt(20 + i, 30), 12)));
+  s.start();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(test_support::drain_ids(*chans[static_cast<size_t>(i)]),
+              test_support::rule_greedy(m, test_support::random_prompt(20 + i, 30), 12))
+        << "request " << i;
+  EXPECT_EQ(m.greedy_picks.load(), 3 * 12);  // every sampled token, from the backend
+
+  // Anything that edits or reports the row keeps the logits: temperature, penalties, bias,
+  // logprobs, and bans (min_tokens) while they apply.
+  auto with = [&](auto edit) {
+    auto r = greedy(test_support::random_prompt(40, 10), 6);
+    edit(r);
+    return r;
+  };
+  std::vector<sched::GenerationRequest> keep_logits = {
+      with([](auto& r) { r.sampling.temperature = 0.8; r.sampling.has_seed = true; }),
+      with([](auto& r) { r.sampling.presence_penalty = 0.5; }),
+      with([](auto& r) { r.sampling.logit_bias[7] = 1.0f; }),
+      with([](auto& r) { r.sampling.top_logprobs = 2; }),
+  };
+  m.greedy_picks = 0;
+  for (auto& r : keep_logits) {
+    auto ch = s.submit(r);
+    const auto got = test_support::drain_ids(*ch);
+    EXPECT_EQ(got.size(), 6u);
+    for (int32_t id : got) EXPECT_TRUE(id >= 0 && id < m.config().vocab_size);
+  }
+  EXPECT_EQ(m.greedy_picks.load(), 0);
+  auto banned = greedy(test_support::random_prompt(41, 10), 6);
+  banned.min_tokens = 4;  // EOS banned for the first 4 tokens, then plain greedy again
+  test_support::drain_ids(*s.submit(banned));
+  EXPECT_EQ(m.greedy_picks.load(), 2);
+  s.stop();
+}
+
 TEST(Scheduler, QueueLimitRefusesWithOverloaded) {
   test_support::RuleModel m(test_support::tiny_config());
   m.step_delay_ms = 20;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <memory_resource>
 #include <mutex>
@@ -76,6 +77,11 @@ class RuleModel : public Model {
       const size_t V = static_cast<size_t>(cfg_.vocab_size);
       it.logits->assign(V, 0.0f);
       logits_row(s->history, it.logits->data());
+      if (picks_greedy && it.greedy_id) {  // pick like a GPU would, and poison the row the caller must not read
+        *it.greedy_id = static_cast<int32_t>(std::max_element(it.logits->begin(), it.logits->end()) - it.logits->begin());
+        it.logits->assign(V, std::numeric_limits<float>::quiet_NaN());
+        ++greedy_picks;
+      }
     }
     std::lock_guard lk(mu_);
     max_batch_ = std::max<int64_t>(max_batch_, static_cast<int64_t>(batch.size()));
@@ -122,6 +128,9 @@ class RuleModel : public Model {
   std::vector<std::pair<std::string, std::vector<int32_t>>> scripts;
   std::function<std::string(int32_t)> token_bytes;  // for matching script keys against the prompt
   std::atomic<int> step_delay_ms{0};  // tests change it while the engine runs
+  // Honour ForwardItem::greedy_id (as the CUDA backend does) and count the picks made.
+  bool picks_greedy = false;
+  std::atomic<int64_t> greedy_picks{0};
 
  private:
   std::string bytes_of(const std::vector<int32_t>& h, size_t n) const {

@@ -26,6 +26,11 @@ struct ForwardItem {
   std::span<const int32_t> tokens;  // new tokens, at positions state->n_past, n_past+1, ...
   bool all_logits = false;          // true: one logits row per token; false: last token only
   std::vector<float>* logits = nullptr;  // out: [rows, vocab] fp32 (resized by forward)
+  // Optional out, for a greedy sampler that needs nothing but the pick (only with all_logits
+  // false): the caller sets it to -1; a backend that can picks the last row's first maximum
+  // (std::max_element: NaN never wins over a number) where the logits are, writes its id here and
+  // leaves `logits` untouched. A backend that does not, fills `logits` as usual.
+  int32_t* greedy_id = nullptr;
 };
 
 class Model {

@@ -1,6 +1,6 @@
 // The reference's top-k (PyTorch CPU topk: (value, index) pairs ranked by value, NaN on top, by
 // std::partial_sort when k·64 <= n else std::nth_element) against model::torch_topk_indices /
-// topk_sorted, whose partial_sort branch replays the library's heap steps itself. The oracle below
+// topk_sorted, whose partial_sort and nth_element branches replay the library's steps themselves. The oracle below
 // is the reference's recipe run on the standard library; inputs are full of exact ties, as the
 // indexer's bf16 scores are, so any other tie rule fails.
 #include <gtest/gtest.h>
@@ -119,6 +119,35 @@ TEST(TopK, LongContextIndexScoresKeepTheLibrarysTies) {
     for (int32_t j = 0; j < 65536 && static_cast<int64_t>(lowest.size()) < 512; ++j)
       if (v[static_cast<size_t>(j)] == kth) lowest.push_back(j);
     EXPECT_NE(sorted(lowest), sorted(want)) << "the lowest-index rule agrees here: the case does not test tie order";
+  }
+}
+
+TEST(TopK, NthElementBranchAtIndexScoreSizes) {
+  // Prefill rows of a 2k-32k context (k = 512, k·64 > n): the nth_element replay against the
+  // library on bf16 scores whose ties straddle the k-th value.
+  std::mt19937 g(3);
+  for (int64_t n : {513, 2048, 4095, 16384, 32767}) {
+    for (int rep = 0; rep < 3; ++rep) {
+      const std::vector<float> v = index_like_scores(g, n);
+      const std::vector<int32_t> want = library_topk(v, 512);
+      EXPECT_EQ(torch_topk_indices(v, 512), want) << "n=" << n << " rep " << rep;
+      EXPECT_EQ(topk_sorted(v, 512), sorted(want)) << "n=" << n << " rep " << rep;
+    }
+  }
+}
+
+TEST(TopK, DepthLimitHeapSelectMatchesTheLibrary) {
+  // Inputs on which the library's introselect runs out of its 2·log2(n) partition rounds and
+  // finishes with a heap select (found by search against an instrumented replay).
+  const std::vector<std::pair<std::vector<float>, int64_t>> cases = {
+      {{0, 3, 6, 12, 12, 5, 2, 7, 0, 9, 8, 12, 12, 13, 12, 15, 0, 2, 6, 9, 8, 5, 6, 12, 8, 9, 8, 1, 0, 7, 14}, 13},
+      {{0, 2, 4, 9, 12, 5, 6, 21, 8, 14, 8, 11, 14, 4, 20, 16, 20, 12, 18, 13, 14, 20,
+        0, 2, 2, 9, 4, 5, 18, 7, 8, 9, 8, 11, 14, 13, 12, 16, 16, 17, 6, 19, 20},
+       26},
+  };
+  for (const auto& [v, k] : cases) {
+    EXPECT_EQ(torch_topk_indices(v, k), library_topk(v, k)) << "n=" << v.size() << " k=" << k;
+    EXPECT_EQ(topk_sorted(v, k), sorted(library_topk(v, k))) << "n=" << v.size() << " k=" << k;
   }
 }
 

@@ -1,6 +1,7 @@
 #include "model/ops/topk.h"
 
 #include <algorithm>
+#include <bit>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -106,18 +107,173 @@ std::vector<Ranked> heap_select(const float* x, int64_t n, int64_t k) {
   return h;
 }
 
-// The reference's nth_element branch (k·64 > n), on (value, index) pairs as the library sees them.
+// ---- the nth_element branch (k·64 > n) ----
+// The reference runs std::nth_element on (value, index) pairs; which of the entries tied with the
+// k-th value end up in front depends on every step the library takes, so this replays them: the
+// introselect of libstdc++ (while more than 3 entries remain: past 2·floor(log2 n) rounds a heap
+// select, else the median of (first + 1, middle, last - 1) moved to the front as the pivot, an
+// unguarded Hoare partition of the rest, and the side holding the k-th position kept; then an
+// insertion sort of the last <= 3), on keys (order_key) and indices in two arrays. The partition
+// makes the library's swaps, but finds the scans' stops in bitmaps built branch-free for the whole
+// range first, instead of one unpredictable compare per entry. A scan only passes entries no swap
+// has touched, up to the position the other scan last swapped into, which stops it (it holds an
+// entry the other scan stopped at): so the original keys decide every stop but that one, and the
+// walk bounds each scan by it. tests/model/topk_test.cpp checks it against std::nth_element.
+class Introselect {
+ public:
+  Introselect(const float* values, int64_t n)
+      : key_(static_cast<size_t>(n)), idx_(static_cast<size_t>(n)), stop_left_(static_cast<size_t>(n / 64 + 1)),
+        stop_right_(static_cast<size_t>(n / 64 + 1)) {
+    for (int64_t j = 0; j < n; ++j) key_[static_cast<size_t>(j)] = order_key(values[j]), idx_[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+  }
+
+  // Runs the selection for position nth; returns the indices at positions [0, k).
+  std::vector<int32_t> select(int64_t nth, int64_t k) {
+    const int64_t n = static_cast<int64_t>(key_.size());
+    int64_t first = 0, last = n, depth = 2 * floor_log2(n);
+    while (last - first > 3) {
+      if (depth == 0) {
+        heap_select(first, nth + 1, last);
+        swap(first, nth);
+        return head(k);
+      }
+      --depth;
+      move_median_to(first, first + 1, first + (last - first) / 2, last - 1);
+      const int64_t cut = partition(first + 1, last, key_[static_cast<size_t>(first)]);
+      if (cut <= nth) first = cut;
+      else last = cut;
+    }
+    // the library's insertion sort of <= 3 entries is a stable sort by rank
+    for (int64_t i = first + 1; i < last; ++i)
+      for (int64_t j = i; j > first && key_[static_cast<size_t>(j)] > key_[static_cast<size_t>(j - 1)]; --j) swap(j, j - 1);
+    return head(k);
+  }
+
+ private:
+  static int64_t floor_log2(int64_t n) {
+    int64_t r = 0;
+    while (n > 1) n >>= 1, ++r;
+    return r;
+  }
+  std::vector<int32_t> head(int64_t k) const { return std::vector<int32_t>(idx_.begin(), idx_.begin() + k); }
+  void swap(int64_t i, int64_t j) {
+    std::swap(key_[static_cast<size_t>(i)], key_[static_cast<size_t>(j)]);
+    std::swap(idx_[static_cast<size_t>(i)], idx_[static_cast<size_t>(j)]);
+  }
+  bool ranks_above(int64_t i, int64_t j) const { return key_[static_cast<size_t>(i)] > key_[static_cast<size_t>(j)]; }
+
+  // The median of x, y, z swapped into `result`, with the library's comparisons.
+  void move_median_to(int64_t result, int64_t x, int64_t y, int64_t z) {
+    int64_t m;
+    if (ranks_above(x, y)) m = ranks_above(y, z) ? y : ranks_above(x, z) ? z : x;
+    else m = ranks_above(x, z) ? x : ranks_above(y, z) ? z : y;
+    swap(result, m);
+  }
+
+  // Bits of [lo, hi): stop_left_ where the left scan stops (key <= p: not above the pivot),
+  // stop_right_ where the right scan stops (key >= p). Word w holds positions 64w .. 64w + 63;
+  // bits outside [lo, hi) in the words written are zero.
+  void build_bits(int64_t lo, int64_t hi, int32_t p) {
+    const int32_t* key = key_.data();
+    for (int64_t w = lo / 64; w * 64 < hi; ++w) {
+      uint64_t l = 0, r = 0;
+      const int64_t base = w * 64, b0 = std::max(lo, base), b1 = std::min(hi, base + 64);
+      if (b0 == base && b1 == base + 64) {  // a whole word: byte flags (vectorised), then packed
+        uint8_t le[64], ge[64];
+        for (int j = 0; j < 64; ++j) {
+          le[j] = key[base + j] <= p;
+          ge[j] = key[base + j] >= p;
+        }
+        l = pack_flags(le);
+        r = pack_flags(ge);
+      } else {
+        for (int64_t i = b0; i < b1; ++i) {
+          l |= static_cast<uint64_t>(key[i] <= p) << (i - base);
+          r |= static_cast<uint64_t>(key[i] >= p) << (i - base);
+        }
+      }
+      stop_left_[static_cast<size_t>(w)] = l;
+      stop_right_[static_cast<size_t>(w)] = r;
+    }
+  }
+  // 64 flags of 0 or 1 into a word, bit j = f[j]: per 8 bytes, the multiply moves byte j's bit
+  // to bit 56 + j without carries into the top byte.
+  static uint64_t pack_flags(const uint8_t* f) {
+    uint64_t out = 0;
+    for (int g = 0; g < 8; ++g) {
+      uint64_t x;
+      std::memcpy(&x, f + 8 * g, 8);
+      out |= ((x * 0x0102040810204080ull) >> 56) << (8 * g);
+    }
+    return out;
+  }
+
+  // The library's unguarded partition of [lo, hi) around pivot key p (held at lo - 1): the left
+  // scan moves up past entries ranked above p, the right scan down past entries ranked below it,
+  // each stopped pair is swapped; returns where the scans met. The cursors hand out the set bits
+  // in scan order: left upward from lo, right downward from hi - 1.
+  int64_t partition(int64_t lo, int64_t hi, int32_t p) {
+    build_bits(lo, hi, p);
+    const int64_t lo_word = lo / 64, hi_word = (hi - 1) / 64;
+    int64_t lw = lo_word, rw = hi_word;
+    uint64_t lbits = stop_left_[static_cast<size_t>(lw)], rbits = stop_right_[static_cast<size_t>(rw)];
+    int64_t bound = hi;  // where the right scan last swapped: the left scan stops there at the latest
+    for (;;) {
+      int64_t f = bound;
+      for (;;) {
+        if (lbits) {
+          f = std::min(bound, lw * 64 + std::countr_zero(lbits));
+          lbits &= lbits - 1;
+          break;
+        }
+        if (++lw > hi_word || lw * 64 >= bound) break;
+        lbits = stop_left_[static_cast<size_t>(lw)];
+      }
+      // Below f every entry stops the right scan (passed by the left scan: above p; swapped by it:
+      // not below p; or the pivot), so a right stop at or below f ends the partition at f.
+      int64_t r = -1;
+      for (;;) {
+        if (rbits) {
+          r = rw * 64 + 63 - std::countl_zero(rbits);
+          rbits &= ~(uint64_t{1} << (r - rw * 64));
+          break;
+        }
+        if (--rw < lo_word || rw * 64 + 63 <= f) break;
+        rbits = stop_right_[static_cast<size_t>(rw)];
+      }
+      if (r <= f) return f;
+      swap(f, r);
+      bound = r;
+    }
+  }
+
+  // Past the depth limit: the library's heap select of [first, last) into [first, middle): a heap
+  // of the first entries, then every later entry ranked above the heap's top takes the top's
+  // place in the heap (the pop-heap walk, replace_top) and leaves the old top at its position.
+  void heap_select(int64_t first, int64_t middle, int64_t last) {
+    std::vector<Ranked> h;
+    for (int64_t i = first; i < middle; ++i) h.push_back({key_[static_cast<size_t>(i)], idx_[static_cast<size_t>(i)]});
+    std::make_heap(h.begin(), h.end(), above);
+    for (int64_t i = middle; i < last; ++i) {
+      const auto u = static_cast<size_t>(i);
+      if (key_[u] <= h[0].key) continue;
+      const Ranked v{key_[u], idx_[u]};
+      key_[u] = h[0].key;
+      idx_[u] = h[0].index;
+      replace_top(h.data(), static_cast<int64_t>(h.size()), v);
+    }
+    for (size_t j = 0; j < h.size(); ++j) {
+      key_[static_cast<size_t>(first) + j] = h[j].key;
+      idx_[static_cast<size_t>(first) + j] = h[j].index;
+    }
+  }
+
+  std::vector<int32_t> key_, idx_;
+  std::vector<uint64_t> stop_left_, stop_right_;
+};
+
 std::vector<int32_t> nth_select(const float* values, int64_t n, int64_t k) {
-  using Elem = std::pair<float, int64_t>;
-  std::vector<Elem> q(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) q[static_cast<size_t>(j)] = {values[j], j};
-  auto greater = [](const Elem& x, const Elem& y) {
-    return (std::isnan(x.first) && !std::isnan(y.first)) || (x.first > y.first);
-  };
-  std::nth_element(q.begin(), q.begin() + (k - 1), q.end(), greater);
-  std::vector<int32_t> out(static_cast<size_t>(k));
-  for (int64_t j = 0; j < k; ++j) out[static_cast<size_t>(j)] = static_cast<int32_t>(q[static_cast<size_t>(j)].second);
-  return out;
+  return Introselect(values, n).select(k - 1, k);
 }
 
 }  // namespace

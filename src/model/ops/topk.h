@@ -4,10 +4,12 @@
 // way those standard algorithms leave equal elements, which is what the reference's selection
 // (indexer top-k, candidate blocks, expert routing) does; a "lower index wins" rule would pick
 // different entries among exactly tied scores (frequent: the index scores are bf16, relu'd).
-// The partial_sort branch is our own replay of the library's heap steps (same heap layout, so the
-// same survivors among ties), with a vector pre-filter for entries that cannot enter: ~2.5x faster
-// at 65,536 scores (the decode step's host point at long context). tests/model/topk_test.cpp checks
-// it against std::partial_sort on tied, NaN and infinite inputs.
+// Both branches are our own replays of libstdc++'s steps (same survivors among ties): the
+// partial_sort branch replays the heap with a vector pre-filter for entries that cannot enter
+// (~2.5x faster at 65,536 scores, the decode step's host point at long context), the nth_element
+// branch replays introselect's swaps with its partition scans read from bitmaps (~2.5x faster at
+// 2k-32k scores, a prefill row's selection). tests/model/topk_test.cpp checks both against the
+// library on tied, NaN and infinite inputs.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -134,6 +134,17 @@ TEST(TopK, NthElementBranchAtIndexScoreSizes) {
       EXPECT_EQ(topk_sorted(v, 512), sorted(want)) << "n=" << n << " rep " << rep;
     }
   }
+  // Early prefill rows: the layout's columns past the row's position score -inf (long runs of
+  // entries equal to a -inf pivot, which the replay swaps in blocks).
+  for (int64_t n : {4096, 16384}) {
+    for (int64_t visible : {n / 64, n / 16, n / 4, n - 1}) {
+      std::vector<float> v = index_like_scores(g, n);
+      std::fill(v.begin() + visible, v.end(), -INFINITY);
+      const std::vector<int32_t> want = library_topk(v, 512);
+      EXPECT_EQ(torch_topk_indices(v, 512), want) << "n=" << n << " visible " << visible;
+      EXPECT_EQ(topk_sorted(v, 512), sorted(want)) << "n=" << n << " visible " << visible;
+    }
+  }
 }
 
 TEST(TopK, DepthLimitHeapSelectMatchesTheLibrary) {

@@ -354,10 +354,13 @@ bool Scheduler::step() {
       DSV_ASSERT(s->logits.size() >= vocab, "forward returned {} logits, vocab is {}", s->logits.size(), vocab);
     sampling.push_back(s);
   }
-  // Each sequence owns its sampler (RNG, counts), so the rows are sampled on the thread pool;
-  // tokens are delivered afterwards in batch order.
+  // Each sequence owns its sampler (RNG, counts), so rows can be sampled side by side; tokens are
+  // delivered afterwards in batch order. A row alone spreads its sort and exps over the pool
+  // (~2-3x faster than one thread at 129k entries, bench/RESULTS.md "Sampling"), so a thread per
+  // row only pays from kRowsPerThread rows sampled on the host.
+  constexpr int64_t kRowsPerThread = 3;
   std::vector<SampledToken> sampled(sampling.size());
-  parallel_for(static_cast<int64_t>(sampling.size()), [&](int64_t b, int64_t e) {
+  auto sample_rows = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       Sequence* s = sampling[static_cast<size_t>(i)];
       if (s->device_pick >= 0) {
@@ -367,7 +370,10 @@ bool Scheduler::step() {
       std::span<const float> row(s->logits.data() + (s->logits.size() - vocab), vocab);
       sampled[static_cast<size_t>(i)] = s->sampler->sample(row, s->bans.at(s->n_generated));
     }
-  });
+  };
+  const auto host_rows = std::count_if(sampling.begin(), sampling.end(), [](const Sequence* s) { return s->device_pick < 0; });
+  if (host_rows >= kRowsPerThread) parallel_for(static_cast<int64_t>(sampling.size()), sample_rows);
+  else sample_rows(0, static_cast<int64_t>(sampling.size()));
   for (size_t i = 0; i < sampling.size(); ++i) {
     sampled[i].step = ++sampling[i]->steps;
     ++new_tokens;

@@ -8,8 +8,9 @@
 // partial_sort branch replays the heap with a vector pre-filter for entries that cannot enter
 // (~2.5x faster at 65,536 scores, the decode step's host point at long context), the nth_element
 // branch replays introselect's swaps with its partition scans read from bitmaps (1.3-2.1x faster at
-// 2k-32k scores, a prefill row's selection). tests/model/topk_test.cpp checks both against the
-// library on tied, NaN and infinite inputs.
+// 2k-32k scores, a prefill row's selection). The library replayed is libstdc++ (the reference's,
+// PyTorch on Linux); tests/model/topk_test.cpp checks both against the build's own standard
+// library on tied, NaN and infinite inputs, so it assumes a libstdc++ build.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -261,6 +261,21 @@ struct TopkArgs {
   int64_t pos0 = 0, ratio = 0;
   int32_t* out = nullptr;  // [rows][k]
 };
+// The reference's selection with its tie order (kernels/ops/topk_replay.cu): the same k entries
+// as model::topk_sorted when its nth_element branch runs (topk_replay_fits). The values are
+// consumed (overwritten with order keys); idx is scratch of the same shape.
+struct TopkReplayArgs {
+  float* values = nullptr;   // [rows][stride]
+  uint16_t* idx = nullptr;   // [rows][stride]
+  int64_t rows = 0, n = 0, stride = 0, k = 0;
+  int64_t pos0 = 0, ratio = 0;  // as TopkArgs
+  // Batched decode (optional, with ratio > 0): row r has (positions[r] + 1) / ratio columns (n is
+  // the largest), selects min(k, that), and its output follows the rows before it packed.
+  const int64_t* positions = nullptr;
+  bool in_select_order = false;  // tests: out holds positions 0..k-1 as the algorithm leaves them
+  bool force_global = false;     // tests: keep the row in global memory even where it fits shared
+  int32_t* out = nullptr;        // [rows][k]
+};
 struct CandidateArgs {
   const float* scores = nullptr;  // [n][T] of the candidate source
   int64_t n = 0, T = 0, start = 0, ratio = 1, topk_blocks = 0, block_size = 0;
@@ -431,6 +446,7 @@ int indexer_scores_tiled_variants();
 const char* indexer_scores_tiled_variant_name(int v);
 cudaError_t indexer_scores_tiled_variant(const IndexerArgs& a, int v, cudaStream_t s);
 cudaError_t topk_sorted(const TopkArgs& a, cudaStream_t s);
+cudaError_t topk_replay(const TopkReplayArgs& a, cudaStream_t s);
 cudaError_t candidate_blocks(const CandidateArgs& a, cudaStream_t s);
 cudaError_t candidate_mask(const CandidateMaskArgs& a, cudaStream_t s);
 cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s);

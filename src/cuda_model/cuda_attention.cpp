@@ -35,6 +35,32 @@ void select_index_row(const float* scores, int64_t T, int64_t n_vis, int64_t k, 
   for (int64_t j = 0; j < k; ++j) out[j] = sel[static_cast<size_t>(j)] >= n_vis ? -1 : sel[static_cast<size_t>(j)];
 }
 
+bool index_topk_on_device(const ModelConfig& c, int64_t layer, int64_t T, bool has_candidates) {
+  const bool is_cand_src = layer == c.candidate_source_layer_id;
+  const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < layer && has_candidates;
+  return !is_cand_src && !uses_cand && gpu::topk_replay_fits(T, std::min(c.index_topk, T));
+}
+
+void Impl::select_index_rows_on_device(const gpu::IndexerArgs& scored, int64_t k, int32_t* out,
+                                       const int64_t* positions) {
+  // The column indices travel beside the scores: the same offset in sc.score_idx (first buffer only).
+  const int64_t at = scored.scores - sc.scores;
+  DSV_ASSERT(at >= 0 && at + scored.n * scored.T <= sc.score_slice_floats,
+             "index top-k: {} x {} scores at {} outside the first score buffer", scored.n, scored.T, at);
+  gpu::TopkReplayArgs a;
+  a.values = scored.scores;
+  a.idx = sc.score_idx + at;
+  a.rows = scored.n;
+  a.n = scored.T;
+  a.stride = scored.T;
+  a.k = k;
+  a.pos0 = scored.start;
+  a.ratio = scored.ratio;
+  a.positions = positions;
+  a.out = out;
+  gpu::topk_replay(a, stream);
+}
+
 HostPhaseTimer::Clock::time_point Impl::index_score_slices(int64_t slices, const std::function<void()>& deferred,
                                                            const std::function<void(int64_t, float*, float*)>& issue,
                                                            const std::function<void(int64_t, const float*)>& select) {
@@ -218,7 +244,10 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   // compressor reads sc.x, the indexer sc.qr's codes and the keys), the list and attention kernels
   // after it do, so the GPU computes them while the host waits for the scores and selects the
   // top-k. The same kernels on the same inputs, in another order: the results are unchanged.
-  const bool host_topk = b.ratio > 0 && b.has_indexer && (p.decode ? end : p.layout_end) / b.ratio > 0;
+  const int64_t index_cols = b.ratio > 0 && b.has_indexer ? (p.decode ? end : p.layout_end) / b.ratio : 0;
+  const bool device_topk =
+      index_cols > 0 && device_index_topk && index_topk_on_device(c, L, index_cols, shared.has_candidates);
+  const bool host_topk = index_cols > 0 && !device_topk;
   const bool defer_rest = p.decode && host_topk && host_point_can_defer();
   const QuantizedInput qrq = project_q_latent(b, n, xq);
   if (!defer_rest) project_q_rest(b, n, at, qrq, kv_bits);
@@ -279,51 +308,65 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         ia.T = T;
         ia.ratio = ratio;
 
-        // ---- candidate blocks and top-k on the host (PassShared: the CPU engine's tie order) ----
         // Rows in slices of the score buffer (one slice unless the pass's rows x T exceed it): each
         // row's scores and selection depend on that row alone, so slicing changes no result.
-        const bool is_cand_src = L == c.candidate_source_layer_id;
-        const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < L;
-        if (is_cand_src) {
-          shared.candidates.assign(static_cast<size_t>(n), {});
-          shared.has_candidates = true;
-        }
         const int64_t k = std::min(c.index_topk, T);
-        int32_t* sel_out = topk_host.data();
         const int64_t rows_per_slice = std::clamp<int64_t>(sc.score_slice_floats / T, 1, n);
         const int64_t slices = (n + rows_per_slice - 1) / rows_per_slice;
-        auto issue = [&](int64_t s, float* dev, float* host) {
-          const int64_t r0 = s * rows_per_slice, rows = std::min(rows_per_slice, n - r0);
-          gpu::IndexerArgs sa = ia;
-          sa.qi = sc.qi + r0 * IH * ID;
-          sa.w = sc.iw + r0 * IH;
-          sa.n = rows;
-          sa.start = start + r0;
-          sa.scores = dev;
-          gpu::indexer_scores(sa, stream);
-          gpu::check_cuda(cudaMemcpyAsync(host, dev, static_cast<size_t>(rows * T) * 4, cudaMemcpyDeviceToHost, stream),
-                          "index scores download");
-        };
-        auto select = [&](int64_t s, const float* scores) {
-          const int64_t r0 = s * rows_per_slice, rows = std::min(rows_per_slice, n - r0);
-          parallel_for(rows, [&](int64_t i0, int64_t i1) {
-            for (int64_t i = i0; i < i1; ++i) {
-              const int64_t t = r0 + i;
-              const auto u = static_cast<size_t>(t);
-              select_index_row(scores + i * T, T, (start + t + 1) / ratio, k, c, is_cand_src,
-                               uses_cand && shared.has_candidates,
-                               shared.has_candidates ? &shared.candidates[u] : nullptr, sel_out + t * k);
-            }
-          });
-        };
-        std::function<void()> deferred;
-        if (defer_rest) deferred = [&] { project_q_rest(b, n, at, qrq, kv_bits); };
-        auto t_host = index_score_slices(slices, deferred, issue, select);
-        gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(n * k) * 4, cudaMemcpyHostToDevice, stream),
-                        "top-k upload");
-        host_point_resume();  // the next graph segment starts after the eager upload
-        host_phases.add(HostPhase::TopkHost, t_host);
-        shared.topk_len = k;
+        if (device_topk) {  // scores and selection stay on the GPU, one slice buffer after another
+          for (int64_t r0 = 0; r0 < n; r0 += rows_per_slice) {
+            gpu::IndexerArgs sa = ia;
+            sa.qi = sc.qi + r0 * IH * ID;
+            sa.w = sc.iw + r0 * IH;
+            sa.n = std::min(rows_per_slice, n - r0);
+            sa.start = start + r0;
+            sa.scores = sc.scores;
+            gpu::indexer_scores(sa, stream);
+            select_index_rows_on_device(sa, k, sc.topk + r0 * k);
+          }
+          shared.topk_len = k;
+        } else {
+          // ---- candidate blocks and top-k on the host (PassShared: the CPU engine's tie order) ----
+          const bool is_cand_src = L == c.candidate_source_layer_id;
+          const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < L;
+          if (is_cand_src) {
+            shared.candidates.assign(static_cast<size_t>(n), {});
+            shared.has_candidates = true;
+          }
+          int32_t* sel_out = topk_host.data();
+          auto issue = [&](int64_t s, float* dev, float* host) {
+            const int64_t r0 = s * rows_per_slice, rows = std::min(rows_per_slice, n - r0);
+            gpu::IndexerArgs sa = ia;
+            sa.qi = sc.qi + r0 * IH * ID;
+            sa.w = sc.iw + r0 * IH;
+            sa.n = rows;
+            sa.start = start + r0;
+            sa.scores = dev;
+            gpu::indexer_scores(sa, stream);
+            const size_t bytes = static_cast<size_t>(rows * T) * 4;
+            gpu::check_cuda(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream), "index scores download");
+          };
+          auto select = [&](int64_t s, const float* scores) {
+            const int64_t r0 = s * rows_per_slice, rows = std::min(rows_per_slice, n - r0);
+            parallel_for(rows, [&](int64_t i0, int64_t i1) {
+              for (int64_t i = i0; i < i1; ++i) {
+                const int64_t t = r0 + i;
+                const auto u = static_cast<size_t>(t);
+                select_index_row(scores + i * T, T, (start + t + 1) / ratio, k, c, is_cand_src,
+                                 uses_cand && shared.has_candidates,
+                                 shared.has_candidates ? &shared.candidates[u] : nullptr, sel_out + t * k);
+              }
+            });
+          };
+          std::function<void()> deferred;
+          if (defer_rest) deferred = [&] { project_q_rest(b, n, at, qrq, kv_bits); };
+          auto t_host = index_score_slices(slices, deferred, issue, select);
+          const size_t sel_bytes = static_cast<size_t>(n * k) * 4;
+          gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, sel_bytes, cudaMemcpyHostToDevice, stream), "top-k upload");
+          host_point_resume();  // the next graph segment starts after the eager upload
+          host_phases.add(HostPhase::TopkHost, t_host);
+          shared.topk_len = k;
+        }
       }
     }
     DSV_CHECK(shared.topk_len >= 0, "layer {}: no index source has run before it", L);

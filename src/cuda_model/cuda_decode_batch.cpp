@@ -254,9 +254,17 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
   // An eager step whose layer stops at the top-k host point issues wq_b, q's RoPE and the window
   // KV rows after the index scores' download, so the GPU computes them while the host waits and
   // selects (Impl::attention: nothing before the host point reads them; results unchanged).
-  bool host_topk = false;
+  // (When every row's selection can run on the device, there is no host point.)
+  bool any_cols = false, all_on_device = device_index_topk;
   if (b.ratio > 0 && b.has_indexer)
-    for (int64_t i = 0; i < n; ++i) host_topk = host_topk || (pos(i) + 1) / b.ratio > 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t cols = (pos(i) + 1) / b.ratio;
+      any_cols = any_cols || cols > 0;
+      const bool has_candidates = db.shared[static_cast<size_t>(i)].has_candidates;
+      if (cols > 0) all_on_device = all_on_device && index_topk_on_device(c, L, cols, has_candidates);
+    }
+  const bool device_topk = any_cols && all_on_device;
+  const bool host_topk = any_cols && !device_topk;
   const bool defer_rest = host_topk && host_point_can_defer();
   const QuantizedInput qrq = project_q_latent(b, n, xq);
   auto project_rest = [&] {
@@ -335,32 +343,34 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
         }
         gfirst.push_back(n);
         const int64_t groups = static_cast<int64_t>(gfirst.size()) - 1;
+        // Scores row i into `scores`.
+        auto score_row = [&](int64_t i, float* scores) {
+          const auto u = static_cast<size_t>(i);
+          const CudaSeqState& st = seq(i);
+          int64_t key_src = c.kv_source_for(L);
+          if (!opts.corrected_index_keys && st.last_key_publisher >= 0) key_src = st.last_key_publisher;
+          DSV_CHECK(key_src >= 0, "layer {}: index source without a KV source", L);
+          const GpuKvSource& keys = st.kv[static_cast<size_t>(key_src)];
+          const bool key_rows = blocks[static_cast<size_t>(key_src)].has_index_keys;
+          gpu::IndexerArgs ia;
+          ia.qi = sc.qi + i * IH * ID;
+          ia.w = sc.iw + i * IH;
+          ia.keys = key_rows ? keys.index_keys.as<uint16_t>() : nullptr;
+          ia.n_keys = key_rows ? keys.n_entries : 0;
+          ia.n = 1;
+          ia.heads = IH;
+          ia.head_dim = ID;
+          ia.T = T[u];
+          ia.start = pos(i);
+          ia.ratio = ratio;
+          ia.scores = scores;
+          gpu::indexer_scores(ia, stream);
+        };
         auto issue = [&](int64_t g, float* dev, float* host) {
           const int64_t i0 = gfirst[static_cast<size_t>(g)], i1 = gfirst[static_cast<size_t>(g + 1)];
           const int64_t base = soff[static_cast<size_t>(i0)];
-          for (int64_t i = i0; i < i1; ++i) {
-            const auto u = static_cast<size_t>(i);
-            if (T[u] == 0) continue;
-            const CudaSeqState& st = seq(i);
-            int64_t key_src = c.kv_source_for(L);
-            if (!opts.corrected_index_keys && st.last_key_publisher >= 0) key_src = st.last_key_publisher;
-            DSV_CHECK(key_src >= 0, "layer {}: index source without a KV source", L);
-            const GpuKvSource& keys = st.kv[static_cast<size_t>(key_src)];
-            const bool key_rows = blocks[static_cast<size_t>(key_src)].has_index_keys;
-            gpu::IndexerArgs ia;
-            ia.qi = sc.qi + i * IH * ID;
-            ia.w = sc.iw + i * IH;
-            ia.keys = key_rows ? keys.index_keys.as<uint16_t>() : nullptr;
-            ia.n_keys = key_rows ? keys.n_entries : 0;
-            ia.n = 1;
-            ia.heads = IH;
-            ia.head_dim = ID;
-            ia.T = T[u];
-            ia.start = pos(i);
-            ia.ratio = ratio;
-            ia.scores = dev + (soff[u] - base);
-            gpu::indexer_scores(ia, stream);
-          }
+          for (int64_t i = i0; i < i1; ++i)
+            if (T[static_cast<size_t>(i)] > 0) score_row(i, dev + (soff[static_cast<size_t>(i)] - base));
           const int64_t floats = (i1 < n ? soff[static_cast<size_t>(i1)] : total) - base;
           if (floats > 0)
             gpu::check_cuda(cudaMemcpyAsync(host, dev, static_cast<size_t>(floats) * 4, cudaMemcpyDeviceToHost, stream),
@@ -389,13 +399,32 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
             }
           });
         };
-        std::function<void()> deferred;
-        if (defer_rest) deferred = project_rest;
-        auto t_host = index_score_slices(groups, deferred, issue, select);
-        gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, static_cast<size_t>(kept) * 4, cudaMemcpyHostToDevice, stream),
-                        "top-k upload");
-        host_point_resume();  // the next graph segment starts after the eager upload
-        host_phases.add(HostPhase::TopkHost, t_host);
+        if (device_topk) {
+          // No host point: rows at the stride of the widest, so that one launch selects a score
+          // buffer's rows (each its own width from its position), outputs packed as topk_off.
+          const int64_t t_max = *std::max_element(T.begin(), T.end());
+          const int64_t per = std::clamp<int64_t>(sc.score_slice_floats / t_max, 1, n);
+          for (int64_t i0 = 0; i0 < n; i0 += per) {
+            const int64_t i1 = std::min(n, i0 + per);
+            for (int64_t i = i0; i < i1; ++i)
+              if (T[static_cast<size_t>(i)] > 0) score_row(i, sc.scores + (i - i0) * t_max);
+            gpu::IndexerArgs rows;
+            rows.n = i1 - i0;
+            rows.T = t_max;
+            rows.ratio = ratio;
+            rows.scores = sc.scores;
+            select_index_rows_on_device(rows, std::min(c.index_topk, t_max), sc.topk + db.topk_off[static_cast<size_t>(i0)],
+                                        sc.positions + i0);
+          }
+        } else {
+          std::function<void()> deferred;
+          if (defer_rest) deferred = project_rest;
+          auto t_host = index_score_slices(groups, deferred, issue, select);
+          const size_t sel_bytes = static_cast<size_t>(kept) * 4;
+          gpu::check_cuda(cudaMemcpyAsync(sc.topk, sel_out, sel_bytes, cudaMemcpyHostToDevice, stream), "top-k upload");
+          host_point_resume();  // the next graph segment starts after the eager upload
+          host_phases.add(HostPhase::TopkHost, t_host);
+        }
         for (int64_t i = 0; i < n; ++i) db.shared[static_cast<size_t>(i)].topk_len = k_row[static_cast<size_t>(i)];
       }
     }

@@ -159,6 +159,7 @@ struct Scratch {
   float *x_scales = nullptr, *qr_scales = nullptr;
   float *c_a = nullptr, *c_g = nullptr, *c_latent = nullptr, *c_work = nullptr;
   float *qi = nullptr, *iw = nullptr, *scores = nullptr;
+  uint16_t* score_idx = nullptr;  // [score_slice_floats]: gpu::topk_replay's index scratch
   int32_t *topk = nullptr, *list = nullptr;
   const uint16_t** pool_a = nullptr;
   const uint16_t** pool_b = nullptr;
@@ -188,6 +189,9 @@ struct PassShared {
   std::vector<std::vector<uint8_t>> candidates;  // [query] -> mask over the candidate source's entries
 };
 
+// Whether an index layer's top-k over T score columns runs on the device: gpu::topk_replay takes
+// the reference's nth_element branch; layers that make or apply candidate blocks select on the host.
+bool index_topk_on_device(const ModelConfig& c, int64_t layer, int64_t T, bool has_candidates);
 // The host part of one query's index selection, in the CPU engine's order: at the candidate source
 // layer its candidate-block mask is made (*candidates), at later layers that mask (when present)
 // sends the other entries to -inf; then the top-k set by index into out[0, k), entries at or beyond
@@ -262,6 +266,10 @@ struct Impl {
   DeviceBuffer picks;
   PinnedArray<int32_t> picks_host;
   bool device_picks = true;
+  // Index top-k on the device (gpu::topk_replay: the CPU engine's selection, ties included) for the
+  // layers and widths it takes (index_topk_on_device); DSV41_HOST_INDEX_TOPK=1 keeps every
+  // selection on the host (A/B runs).
+  bool device_index_topk = true;
   // Decode steps in CUDA graphs (cuda_graph.h): graphs is null under tensor parallelism; graphs_on
   // from CudaModelOptions::cuda_graphs and DSV41_NO_GRAPHS (CudaModel::set_cuda_graphs).
   std::unique_ptr<StepGraphs> graphs;
@@ -395,6 +403,11 @@ struct Impl {
   // right after slice 0's download and runs on the GPU during the first wait (host_point_mark).
   // The first wait is the layer's host point (a decode step's graph segment ends there); returns
   // the host time the first wait began (HostPhaseTimer) for the caller's phase accounting.
+  // The top-k of rows just scored (gpu::topk_replay over scored.scores, which it consumes) into
+  // out [scored.n][k], indices at or beyond a row's visible entries as -1; with positions (batched
+  // decode) each row has its own width and count (TopkReplayArgs::positions), scored.T the largest.
+  void select_index_rows_on_device(const ops::gpu::IndexerArgs& scored, int64_t k, int32_t* out,
+                                   const int64_t* positions = nullptr);
   HostPhaseTimer::Clock::time_point index_score_slices(
       int64_t slices, const std::function<void()>& deferred,
       const std::function<void(int64_t, float*, float*)>& issue,

@@ -102,6 +102,8 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
       {P::kQi, S::kAttention, m * IH * ihd * f},
       {P::kIw, S::kAttention, m * IH * f},
       {P::kScores, S::kAttention, p.slicing.floats() * f},
+      // the device top-k's column indices beside one slice of scores (gpu::topk_replay)
+      {P::kScoreIdx, S::kAttention, p.slicing.slice_floats() * 2},
       {P::kList, S::kAttention, m * (win + tk) * 4},
       {P::kPoolA, S::kAttention, m * 8},
       {P::kPoolB, S::kAttention, m * 8},

@@ -308,6 +308,18 @@ void topk_sorted(const TopkArgs& a, cudaStream_t s) {
   launched(raw::topk_sorted(a, s), "topk_sorted launch");
 }
 
+bool topk_replay_fits(int64_t n, int64_t k) { return k >= 1 && k <= n && k * 64 > n && n <= 65535; }
+
+void topk_replay(const TopkReplayArgs& a, cudaStream_t s) {
+  DSV_CHECK(a.rows >= 0 && a.stride >= a.n && topk_replay_fits(a.n, a.k),
+            "topk_replay: rows={} n={} k={} stride={} (needs 1 <= k <= n, k*64 > n, n <= 65535)", a.rows, a.n, a.k,
+            a.stride);
+  DSV_CHECK(a.ratio >= 0 && a.pos0 >= 0 && (!a.positions || a.ratio > 0), "topk_replay: ratio={} pos0={}{}", a.ratio,
+            a.pos0, a.positions ? " with positions" : "");
+  DSV_CHECK(a.rows == 0 || (a.values && a.idx && a.out), "topk_replay: values, idx and out must be device pointers");
+  launched(raw::topk_replay(a, s), "topk_replay launch");
+}
+
 void candidate_blocks(const CandidateArgs& a, cudaStream_t s) {
   DSV_CHECK(a.block_size >= 1 && a.topk_blocks >= 1 && a.ratio >= 1, "candidate_blocks: block_size={} topk_blocks={} ratio={}",
             a.block_size, a.topk_blocks, a.ratio);

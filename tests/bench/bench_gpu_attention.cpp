@@ -8,12 +8,14 @@
 // new kernel against the previous one bit for bit, and once (m = 1) against the CPU reference. At
 // decode sizes every variant of the split attention kernel (with the clusters the device holds at
 // once) and of the tiled indexer is timed and checked as well; the window-only list (a layer
-// without compressed rows) is timed at 1 and 4 queries.
+// without compressed rows) is timed at 1 and 4 queries. The index top-k replay is timed at decode
+// and prefill shapes, every row checked against the CPU engine's selection.
 //
 // Usage: bench_gpu_attention            (prints one line per case)
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,7 @@
 #include "model/ops/dot.h"
 #include "model/ops/quant.h"
 #include "model/ops/sparse_attn.h"
+#include "model/ops/topk.h"
 
 namespace {
 
@@ -281,6 +284,59 @@ void bench_indexer(const ModelConfig& c, int64_t m, int64_t T) {
     }
 }
 
+// ---- index top-k (gpu::topk_replay) -------------------------------------------------------------
+// rows x T bf16 index-like scores (relu'd: many ties); prefill rows see a growing prefix, the rest
+// -inf, like a pass's rows over the layout's columns. The kernel consumes its input, so every call
+// first copies a pristine set: the copy is timed alone and subtracted. Every row's selection is
+// checked against the CPU engine's (model::topk_sorted), whose time per row (one host thread) is
+// printed beside it.
+void bench_index_topk(const ModelConfig& c, int64_t rows, int64_t T) {
+  const int64_t k = std::min(c.index_topk, T);
+  const std::string shape = "rows=" + std::to_string(rows) + " T=" + std::to_string(T) + " k=" + std::to_string(k);
+  if (!gpu::topk_replay_fits(T, k)) {
+    std::printf("index-topk   %-34s outside the replay's branch\n", shape.c_str());
+    return;
+  }
+  test::Rng rng(static_cast<uint64_t>(rows * 131 + T));
+  std::vector<float> v(static_cast<size_t>(rows * T));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t visible = rows == 1 ? T : T - rows + 1 + r;
+    for (int64_t u = 0; u < T; ++u)
+      v[static_cast<size_t>(r * T + u)] = u < visible ? bf16_round(std::max(0.0f, rng.normal(1.0f)) * 0.25f)
+                                                      : -std::numeric_limits<float>::infinity();
+  }
+  DeviceBuffer pristine = DeviceBuffer::from(v), work(v.size() * 4), idx(v.size() * 2), out(static_cast<size_t>(rows * k) * 4);
+  gpu::TopkReplayArgs a;
+  a.values = work.as<float>();
+  a.idx = idx.as<uint16_t>();
+  a.rows = rows;
+  a.n = T;
+  a.stride = T;
+  a.k = k;
+  a.out = out.as<int32_t>();
+  auto copy = [&](int) { ck(cudaMemcpyAsync(work.get(), pristine.get(), v.size() * 4, cudaMemcpyDeviceToDevice), "copy"); };
+  auto call = [&](int i) {
+    copy(i);
+    ck(gpu::raw::topk_replay(a, nullptr), "topk_replay");
+  };
+  call(0);
+  ck(cudaDeviceSynchronize(), "topk_replay");
+  std::vector<int32_t> got(static_cast<size_t>(rows * k));
+  out.download(got.data(), got.size() * 4);
+  size_t bad = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<int32_t> want = model::topk_sorted(&v[static_cast<size_t>(r * T)], T, k);
+    bad += !std::equal(want.begin(), want.end(), got.begin() + r * k);
+  }
+  const double host_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(rows);
+  check(bad == 0, "index top-k " + shape + ": " + std::to_string(bad) + " rows differ from the CPU engine");
+  const double us = time_calls(call, 1) - time_calls(copy, 1);
+  std::printf("index-topk   %-34s %9.1f us/call (%.2f us/row); CPU engine %.1f us/row on one thread; %zu/%lld rows differ\n",
+              shape.c_str(), us, us / static_cast<double>(rows), host_us, bad, static_cast<long long>(rows));
+}
+
 }  // namespace
 
 int main() {
@@ -300,6 +356,10 @@ int main() {
     bench_indexer(c, 2, 65536);
     bench_indexer(c, 4, 65536);
     bench_indexer(c, 256, 4096);
+    for (int64_t T : {2048, 8192, 16384, 32767}) bench_index_topk(c, 1, T);
+    bench_index_topk(c, 4, 16384);
+    bench_index_topk(c, 2048, 4096);
+    bench_index_topk(c, 2048, 16384);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu_attention: %s\n", e.what());
     return 1;

@@ -80,7 +80,7 @@ TEST(CudaScratchPlan, PhaseOfEachKindOfBuffer) {
                           ScratchPiece::kPositions, ScratchPiece::kMixCounters, ScratchPiece::kBatchPools,
                           ScratchPiece::kTopk})
     EXPECT_EQ(p.at(id).phase, ScratchPhase::kCommon) << static_cast<int>(id);
-  for (ScratchPiece id : {ScratchPiece::kQ, ScratchPiece::kO, ScratchPiece::kScores, ScratchPiece::kList})
+  for (ScratchPiece id : {ScratchPiece::kQ, ScratchPiece::kO, ScratchPiece::kScores, ScratchPiece::kScoreIdx, ScratchPiece::kList})
     EXPECT_EQ(p.at(id).phase, ScratchPhase::kAttention) << static_cast<int>(id);
   for (ScratchPiece id : {ScratchPiece::kEg, ScratchPiece::kEu, ScratchPiece::kRouted, ScratchPiece::kIds, ScratchPiece::kShared})
     EXPECT_EQ(p.at(id).phase, ScratchPhase::kMoe) << static_cast<int>(id);
@@ -102,6 +102,7 @@ TEST(CudaScratchPlan, PieceSizes) {
   EXPECT_EQ(one.at(ScratchPiece::kQ).bytes, m * c.num_attention_heads * c.head_dim * 4);
   EXPECT_EQ(one.at(ScratchPiece::kLogits).bytes, 256 * c.vocab_size * 4);
   EXPECT_EQ(one.at(ScratchPiece::kScores).bytes, one.slicing.floats() * 4);
+  EXPECT_EQ(one.at(ScratchPiece::kScoreIdx).bytes, one.slicing.slice_floats() * 2);  // uint16 per score of a slice
   EXPECT_THROW(plan(c, 0, 8192), Error);
 }
 

@@ -32,7 +32,7 @@ enum class ScratchPiece {
   kH, kPre, kX, kY, kMixA, kMixF, kCodes, kActScales, kXCodes, kXScales, kTokens, kSlots, kEngramRaw,
   kPositions, kMixCounters, kBatchPools, kTopk,
   kQr, kQ, kKv, kO, kZ, kKvBf16, kStaged, kQrCodes, kQrScales, kCA, kCG, kCLatent, kCWork, kQi, kIw,
-  kScores, kList, kPoolA, kPoolB,
+  kScores, kScoreIdx, kList, kPoolA, kPoolB,
   kIds, kRouteW, kRouteScratch, kEg, kEu, kRouted, kSg, kShared, kMoeSort,
   kEngramRows, kEngramKv,
   kLogits,

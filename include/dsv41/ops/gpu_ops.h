@@ -50,6 +50,10 @@ void engram_dequant(const EngramDequantArgs& a, cudaStream_t s);
 void engram_gate(const EngramGateArgs& a, cudaStream_t s);
 void indexer_scores(const IndexerArgs& a, cudaStream_t s);
 void topk_sorted(const TopkArgs& a, cudaStream_t s);
+// The k entries model::topk_sorted keeps, tie order included, for the shapes topk_replay_fits
+// takes (its nth_element branch, k·64 > n, with n <= 65535); consumes the values (TopkReplayArgs).
+bool topk_replay_fits(int64_t n, int64_t k);
+void topk_replay(const TopkReplayArgs& a, cudaStream_t s);
 void candidate_blocks(const CandidateArgs& a, cudaStream_t s);
 void candidate_mask(const CandidateMaskArgs& a, cudaStream_t s);
 // Sparse attention, one arithmetic, identical results: up to 32 queries take the split kernel (a

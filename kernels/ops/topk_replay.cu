@@ -1,0 +1,402 @@
+// The reference's top-k with its tie order, on the device. PyTorch's CPU topk runs
+// std::nth_element on (value, index) pairs when k·64 > n, and which of the entries tied with the
+// k-th value end up in front depends on every swap libstdc++'s introselect makes; the CPU engine
+// replays those swaps (Introselect in src/model/ops/topk.cpp) and this kernel replays the same
+// steps, one block per row, so both engines keep the same entries.
+//
+// A round (more than 3 entries left, depth not exhausted): one thread moves the median of
+// (first + 1, middle, last - 1) to `first` as the pivot p; then the library's unguarded Hoare
+// partition of [first + 1, last) is computed at once from two bitmaps of the range: left stops
+// (key <= p) and right stops (key >= p). While the i-th left stop from the left lies before the
+// i-th right stop from the right, the scans meet them in that order and swap them (a scan only
+// passes entries no swap has touched, up to the other scan's last swap, which stops it); so with m
+// such pairs, every pair i < m swaps (disjoint positions: all in parallel) and the scans meet at
+// min(m-th left stop, (m-1)-th right stop), the range's end standing in for a stop that does not
+// exist. m is the largest min(#left stops before x, #right stops at or after x) over positions x.
+// Past 2·floor(log2 n) rounds the library finishes with a heap select, and below 4 entries with an
+// insertion sort: both on one thread (the heap select is rare; it is exact, not fast).
+//
+// Keys are order_key(value) (NaN on top, -0 = +0), written over the values; the indices travel in
+// a uint16 scratch (n <= 65535). The k entries in front are written sorted by index, with the
+// indexer's visibility rule (TopkArgs), or as the algorithm leaves them (TopkReplayArgs::in_select_order).
+#include "ops/ops_common.cuh"
+#include "ops/ops_launch.h"
+#include "ops/pdl.cuh"
+
+namespace dsv41::ops::gpu {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+
+__device__ __forceinline__ int32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f), mag = u & 0x7FFFFFFFu;
+  if (mag > 0x7F800000u) return INT32_MAX;
+  if (mag == 0) return 0;
+  return (u >> 31) ? -static_cast<int32_t>(mag) : static_cast<int32_t>(mag);
+}
+
+// One row's (key, index) pairs in global memory.
+struct Row {
+  int32_t* key;
+  uint16_t* idx;
+  __device__ void swap(int i, int j) const {
+    const int32_t k = key[i];
+    key[i] = key[j];
+    key[j] = k;
+    const uint16_t x = idx[i];
+    idx[i] = idx[j];
+    idx[j] = x;
+  }
+  // libstdc++'s __adjust_heap of a heap at `base` ranked by "key above" (the top is the lowest
+  // key): the hole walks down to a leaf along the child ranked lower (the right one unless the
+  // left ranks lower), then the value climbs back while its parent ranks lower than it.
+  __device__ void adjust_heap(int base, int hole, int len, int32_t vk, uint16_t vi) const {
+    const int top = hole;
+    int child = hole;
+    while (child < (len - 1) / 2) {
+      child = 2 * (child + 1);
+      if (key[base + child] > key[base + child - 1]) --child;
+      key[base + hole] = key[base + child];
+      idx[base + hole] = idx[base + child];
+      hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+      child = 2 * (child + 1);
+      key[base + hole] = key[base + child - 1];
+      idx[base + hole] = idx[base + child - 1];
+      hole = child - 1;
+    }
+    int parent = (hole - 1) / 2;
+    while (hole > top && key[base + parent] > vk) {
+      key[base + hole] = key[base + parent];
+      idx[base + hole] = idx[base + parent];
+      hole = parent;
+      parent = (hole - 1) / 2;
+    }
+    key[base + hole] = vk;
+    idx[base + hole] = vi;
+  }
+  // std::__heap_select(first, middle, last) then iter_swap(first, nth): __make_heap of the front,
+  // and each later entry ranked above the top pops it into the entry's place.
+  __device__ void heap_select(int first, int middle, int last, int nth) const {
+    const int len = middle - first;
+    if (len >= 2)
+      for (int parent = (len - 2) / 2;; --parent) {
+        adjust_heap(first, parent, len, key[first + parent], idx[first + parent]);
+        if (parent == 0) break;
+      }
+    for (int i = middle; i < last; ++i) {
+      if (!(key[i] > key[first])) continue;
+      const int32_t vk = key[i];
+      const uint16_t vi = idx[i];
+      key[i] = key[first];
+      idx[i] = idx[first];
+      adjust_heap(first, 0, len, vk, vi);
+    }
+    swap(first, nth);
+  }
+};
+
+// Position of the t-th (0-based) set bit of w (w has more than t set bits).
+__device__ __forceinline__ int nth_set_bit(uint32_t w, int t) {
+  for (; t > 0; --t) w &= w - 1;
+  return __ffs(w) - 1;
+}
+
+// Shared state of one row's selection.
+struct Shared {
+  uint32_t *lbits, *rbits;  // stop bitmaps of the current range, word i = positions 32(w0 + i) ..
+  int *lpre, *rpre;         // their popcounts, then exclusive prefix sums
+  int* warp_a;
+  int* warp_b;
+  int nr, nl, m, lm, rm;
+};
+
+// In place over nw words: a[i] and b[i] become the sums of a[0..i) and b[0..i); sh.nl and sh.nr
+// get the totals. Every thread of the block calls it; it ends with a barrier.
+__device__ void exclusive_scan2(int* a, int* b, int nw, Shared& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int per = (nw + kThreads - 1) / kThreads;
+  const int i0 = min(nw, static_cast<int>(threadIdx.x) * per), i1 = min(nw, i0 + per);
+  int sa = 0, sb = 0;
+  for (int i = i0; i < i1; ++i) sa += a[i], sb += b[i];
+  int ia = sa, ib = sb;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int ta = __shfl_up_sync(dev::kFull, ia, o), tb = __shfl_up_sync(dev::kFull, ib, o);
+    if (lane >= o) ia += ta, ib += tb;
+  }
+  if (lane == 31) sh.warp_a[warp] = ia, sh.warp_b[warp] = ib;
+  __syncthreads();
+  if (warp == 0) {
+    int wa = lane < kWarps ? sh.warp_a[lane] : 0, wb = lane < kWarps ? sh.warp_b[lane] : 0;
+    const int own_a = wa, own_b = wb;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int ta = __shfl_up_sync(dev::kFull, wa, o), tb = __shfl_up_sync(dev::kFull, wb, o);
+      if (lane >= o) wa += ta, wb += tb;
+    }
+    if (lane < kWarps) sh.warp_a[lane] = wa - own_a, sh.warp_b[lane] = wb - own_b;
+    if (lane == 31) sh.nl = wa, sh.nr = wb;
+  }
+  __syncthreads();
+  int ea = ia - sa + sh.warp_a[warp], eb = ib - sb + sh.warp_b[warp];
+  for (int i = i0; i < i1; ++i) {
+    const int va = a[i], vb = b[i];
+    a[i] = ea, b[i] = eb;
+    ea += va, eb += vb;
+  }
+  __syncthreads();
+}
+
+// The median of (first + 1, middle, last - 1) as std::__move_median_to_first picks it with "ranks
+// above": every thread of a round works it out (and the pivot key) from the same reads.
+struct Pivot {
+  int pos;         // where the median sits; one thread swaps it with first
+  int32_t key;     // the pivot p
+  int32_t moved;   // key[first], which that swap leaves at pos
+};
+__device__ __forceinline__ Pivot pick_pivot(const Row& r, int first, int last) {
+  const int pa = first + 1, pb = first + (last - first) / 2, pc = last - 1;
+  const int32_t ka = r.key[pa], kb = r.key[pb], kc = r.key[pc], kf = r.key[first];
+  int med;
+  if (ka > kb) med = kb > kc ? pb : ka > kc ? pc : pa;
+  else med = ka > kc ? pa : kb > kc ? pc : pb;
+  return {med, med == pa ? ka : med == pb ? kb : kc, kf};
+}
+
+// m = max over positions x of min(left stops before x, right stops at or after x), over one
+// word's 32 positions: l0 left stops before the word, r_after right stops from the word on.
+__device__ __forceinline__ int pairs_in_word(uint32_t lb, uint32_t rb, int l0, int r_after) {
+  int best = 0;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const uint32_t below = (1u << j) - 1u;
+    best = max(best, min(l0 + __popc(lb & below), r_after - __popc(rb & below)));
+  }
+  return best;
+}
+
+// The swaps of one word's left stops (bits lb at base, ranks l0 ..) with their partners, the right
+// stops of ascending rank NR - 1 - rank, while rank < m: found by binary search over the right
+// prefix sums rpre of nw words (word w at w0 + w), then walked downward.
+__device__ __forceinline__ void swap_word(const Row& r, uint32_t lb, int base, int l0, int m, int NR, const uint32_t* rbits,
+                                          const int* rpre, int nw, int w0) {
+  if (l0 >= m || lb == 0) return;
+  int rank = l0;
+  const int q = NR - 1 - rank;
+  int lo_w = 0, hi_w = nw - 1;  // the last word whose rpre <= q holds right rank q
+  while (lo_w < hi_w) {
+    const int mid = (lo_w + hi_w + 1) >> 1;
+    if (rpre[mid] <= q) lo_w = mid;
+    else hi_w = mid - 1;
+  }
+  int rw = lo_w;
+  const int top_bit = nth_set_bit(rbits[rw], q - rpre[rw]);
+  uint32_t rbw = rbits[rw] & (top_bit == 31 ? ~0u : ((2u << top_bit) - 1u));
+  for (uint32_t bits = lb; bits && rank < m; bits &= bits - 1, ++rank) {
+    while (rbw == 0) rbw = rbits[--rw];
+    const int hb = 31 - __clz(rbw);
+    rbw &= ~(1u << hb);
+    r.swap(base + __ffs(bits) - 1, (w0 + rw) * 32 + hb);
+  }
+}
+
+// One introselect round on [first, last) (more than 3 entries) by the whole block: the median of
+// three moved to first, the unguarded partition of the rest, and the side holding nth kept. Every
+// thread calls it with the same first/last, which it updates; the range is written on return.
+__device__ void block_round(const Row& r, int& first, int& last, int nth, Shared& sh) {
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const Pivot pv = pick_pivot(r, first, last);
+  const int lo = first + 1, hi = last, w0 = lo >> 5, nw = ((hi - 1) >> 5) - w0 + 1;
+  __syncthreads();  // every thread has read the three and first before the swap
+  if (t == 0) {
+    r.swap(first, pv.pos);
+    sh.m = 0, sh.lm = hi, sh.rm = hi;
+  }
+  for (int i = warp; i < nw; i += kWarps) {
+    const int x = (w0 + i) * 32 + lane;
+    const bool in = x >= lo && x < hi;
+    const int32_t kx = !in ? 0 : x == pv.pos ? pv.moved : r.key[x];
+    const uint32_t lb = __ballot_sync(dev::kFull, in && kx <= pv.key), rb = __ballot_sync(dev::kFull, in && kx >= pv.key);
+    if (lane == 0) {
+      sh.lbits[i] = lb, sh.rbits[i] = rb;
+      sh.lpre[i] = __popc(lb), sh.rpre[i] = __popc(rb);
+    }
+  }
+  __syncthreads();
+  exclusive_scan2(sh.lpre, sh.rpre, nw, sh);
+  const int NR = sh.nr;
+  int best = 0;
+  for (int i = t; i < nw; i += kThreads) best = max(best, pairs_in_word(sh.lbits[i], sh.rbits[i], sh.lpre[i], NR - sh.rpre[i]));
+  best = __reduce_max_sync(dev::kFull, best);
+  if (lane == 0 && best > 0) atomicMax(&sh.m, best);
+  __syncthreads();
+  const int m = sh.m;
+  for (int i = t; i < nw; i += kThreads) {
+    const uint32_t lb = sh.lbits[i], rb = sh.rbits[i];
+    const int l0 = sh.lpre[i], r0 = sh.rpre[i], base = (w0 + i) * 32;
+    if (m >= l0 && m < l0 + __popc(lb)) sh.lm = base + nth_set_bit(lb, m - l0);  // the m-th left stop
+    if (m >= 1 && NR - m >= r0 && NR - m < r0 + __popc(rb)) sh.rm = base + nth_set_bit(rb, NR - m - r0);
+    swap_word(r, lb, base, l0, m, NR, sh.rbits, sh.rpre, nw, w0);
+  }
+  __syncthreads();
+  const int cut = min(sh.lm, sh.rm);
+  if (cut <= nth) first = cut;
+  else last = cut;
+}
+
+// The same round by warp 0 alone, for ranges of at most 32 words: lane i owns word i, its bitmaps
+// and prefix sums in registers (built from 32 loads per lane, skewed so that the lanes read
+// distinct shared-memory banks), shuffles instead of barriers; only the right bitmaps and sums go
+// through shared memory for the partner search.
+__device__ void warp_round(const Row& r, int& first, int& last, int nth, Shared& sh) {
+  const int lane = threadIdx.x;
+  const Pivot pv = pick_pivot(r, first, last);
+  const int lo = first + 1, hi = last, w0 = lo >> 5, nw = ((hi - 1) >> 5) - w0 + 1;
+  __syncwarp();
+  if (lane == 0) r.swap(first, pv.pos);
+  const int base = (w0 + lane) * 32;
+  uint32_t lb = 0, rb = 0;
+  if (lane < nw) {
+#pragma unroll 8
+    for (int jj = 0; jj < 32; ++jj) {
+      const int j = (jj + lane) & 31, x = base + j;
+      if (x >= lo && x < hi) {
+        const int32_t kx = x == pv.pos ? pv.moved : r.key[x];
+        lb |= static_cast<uint32_t>(kx <= pv.key) << j;
+        rb |= static_cast<uint32_t>(kx >= pv.key) << j;
+      }
+    }
+  }
+  int l_incl = __popc(lb), r_incl = __popc(rb);
+  for (int o = 1; o < 32; o <<= 1) {
+    const int ta = __shfl_up_sync(dev::kFull, l_incl, o), tb = __shfl_up_sync(dev::kFull, r_incl, o);
+    if (lane >= o) l_incl += ta, r_incl += tb;
+  }
+  const int l0 = l_incl - __popc(lb), r0 = r_incl - __popc(rb), NR = __shfl_sync(dev::kFull, r_incl, 31);
+  if (lane < nw) sh.rbits[lane] = rb, sh.rpre[lane] = r0;
+  const int m = __reduce_max_sync(dev::kFull, lane < nw ? pairs_in_word(lb, rb, l0, NR - r0) : 0);
+  int lm = hi, rm = hi;
+  if (m >= l0 && m < l_incl) lm = base + nth_set_bit(lb, m - l0);
+  if (m >= 1 && NR - m >= r0 && NR - m < r_incl) rm = base + nth_set_bit(rb, NR - m - r0);
+  const int cut = min(__reduce_min_sync(dev::kFull, lm), __reduce_min_sync(dev::kFull, rm));
+  __syncwarp();  // the right bitmaps are in shared memory, the pivot swap is done
+  if (lane < nw) swap_word(r, lb, base, l0, m, NR, sh.rbits, sh.rpre, nw, w0);
+  __syncwarp();
+  if (cut <= nth) first = cut;
+  else last = cut;
+}
+
+// Dynamic shared memory of a row of n: four bitmap-sized arrays, then (resident) keys and indices.
+__host__ __device__ constexpr size_t smem_bytes(int64_t n, bool resident) {
+  const size_t words = static_cast<size_t>((n + 31) / 32) * 16;
+  return resident ? words + static_cast<size_t>(n) * 4 + static_cast<size_t>((n + 1) / 2) * 4 : words;
+}
+
+__global__ void __launch_bounds__(kThreads) topk_replay_kernel(TopkReplayArgs a, bool resident) {
+  dev::pdl_enter();
+  extern __shared__ uint32_t words[];
+  __shared__ int warp_a[kWarps], warp_b[kWarps];
+  __shared__ Shared sh;
+  const int64_t row = blockIdx.x;
+  int n = static_cast<int>(a.n), k = static_cast<int>(a.k);
+  int64_t out_off = row * a.k, n_vis = a.ratio > 0 ? (a.pos0 + row + 1) / a.ratio : a.n;
+  if (a.positions) {  // batched decode: this row's own width, after the rows before it
+    out_off = 0;
+    for (int64_t j = 0; j < row; ++j) out_off += min(a.k, (a.positions[j] + 1) / a.ratio);
+    n = static_cast<int>((a.positions[row] + 1) / a.ratio);
+    k = min(k, n);
+    n_vis = n;
+    if (k == 0) return;
+  }
+  const int nth = k - 1, W = (n + 31) / 32;
+  const float* values = a.values + row * a.stride;
+  // The row's keys and indices: in shared memory when they fit (resident), else over the values
+  // and in the index scratch.
+  Row r{reinterpret_cast<int32_t*>(a.values + row * a.stride), a.idx + row * a.stride};
+  if (resident) r = Row{reinterpret_cast<int32_t*>(words + 4 * W), reinterpret_cast<uint16_t*>(words + 4 * W + n)};
+  if (threadIdx.x == 0) {
+    sh.lbits = words, sh.rbits = words + W;
+    sh.lpre = reinterpret_cast<int*>(words + 2 * W), sh.rpre = sh.lpre + W;
+    sh.warp_a = warp_a, sh.warp_b = warp_b;
+  }
+  for (int j = threadIdx.x; j < n; j += kThreads) {
+    const int32_t key = order_key(values[j]);  // (not resident: the same thread writes over it)
+    r.key[j] = key;
+    r.idx[j] = static_cast<uint16_t>(j);
+  }
+  __syncthreads();
+  int first = 0, last = n, depth = 0;
+  for (int v = n; v > 1; v >>= 1) depth += 2;
+  // Rounds over more than 32 words with the block, then warp 0 alone.
+  while (last - first > 3 && depth > 0 && ((last - 1) >> 5) - ((first + 1) >> 5) >= 32) {
+    --depth;
+    block_round(r, first, last, nth, sh);
+  }
+  if (threadIdx.x < 32) {
+    while (last - first > 3 && depth > 0) {
+      --depth;
+      warp_round(r, first, last, nth, sh);
+    }
+    if (threadIdx.x == 0) {
+      if (last - first > 3) r.heap_select(first, nth + 1, last, nth);  // past the depth limit
+      else  // the library's insertion sort of the last <= 3: stable by rank
+        for (int i = first + 1; i < last; ++i)
+          for (int j = i; j > first && r.key[j] > r.key[j - 1]; --j) r.swap(j, j - 1);
+    }
+  }
+  __syncthreads();
+
+  int32_t* out = a.out + out_off;
+  if (a.in_select_order) {
+    for (int j = threadIdx.x; j < k; j += kThreads) out[j] = r.idx[j];
+    return;
+  }
+  // The k entries in front, sorted by index: a bitmap of them, then its set bits in order.
+  for (int i = threadIdx.x; i < W; i += kThreads) sh.lbits[i] = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < k; j += kThreads) {
+    const int e = r.idx[j];
+    atomicOr(&sh.lbits[e >> 5], 1u << (e & 31));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < W; i += kThreads) sh.lpre[i] = __popc(sh.lbits[i]), sh.rpre[i] = 0;
+  __syncthreads();
+  exclusive_scan2(sh.lpre, sh.rpre, W, sh);
+  for (int i = threadIdx.x; i < W; i += kThreads) {
+    int pos = sh.lpre[i];
+    for (uint32_t bits = sh.lbits[i]; bits; bits &= bits - 1) {
+      const int e = i * 32 + __ffs(bits) - 1;
+      out[pos++] = e >= n_vis ? -1 : e;
+    }
+  }
+}
+
+}  // namespace
+
+namespace raw {
+cudaError_t topk_replay(const TopkReplayArgs& a, cudaStream_t s) {
+  if (a.rows == 0 || a.k == 0) return cudaSuccess;
+  // The shared-memory opt-in is a function attribute, not a stream operation: raised once per
+  // device to all the device allows, so no launch inside a graph capture needs it.
+  static int optin[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (optin[dev] == 0) {
+    int limit = 0;
+    e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess) return e;
+    limit -= 1024;  // the kernel's static shared memory
+    e = cudaFuncSetAttribute(topk_replay_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+    if (e != cudaSuccess) return e;
+    optin[dev] = limit;
+  }
+  const bool resident = a.force_global ? false : smem_bytes(a.n, true) <= static_cast<size_t>(optin[dev]);
+  launch_pdl(topk_replay_kernel, static_cast<unsigned>(a.rows), kThreads, smem_bytes(a.n, resident), s, a, resident);
+  return cudaGetLastError();
+}
+}  // namespace raw
+
+}  // namespace dsv41::ops::gpu

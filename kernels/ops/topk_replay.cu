@@ -4,21 +4,24 @@
 // replays those swaps (Introselect in src/model/ops/topk.cpp) and this kernel replays the same
 // steps, one block per row, so both engines keep the same entries.
 //
-// A round (more than 3 entries left, depth not exhausted): one thread moves the median of
-// (first + 1, middle, last - 1) to `first` as the pivot p; then the library's unguarded Hoare
-// partition of [first + 1, last) is computed at once from two bitmaps of the range: left stops
-// (key <= p) and right stops (key >= p). While the i-th left stop from the left lies before the
-// i-th right stop from the right, the scans meet them in that order and swap them (a scan only
-// passes entries no swap has touched, up to the other scan's last swap, which stops it); so with m
-// such pairs, every pair i < m swaps (disjoint positions: all in parallel) and the scans meet at
-// min(m-th left stop, (m-1)-th right stop), the range's end standing in for a stop that does not
-// exist. m is the largest min(#left stops before x, #right stops at or after x) over positions x.
-// Past 2·floor(log2 n) rounds the library finishes with a heap select, and below 4 entries with an
-// insertion sort: both on one thread (the heap select is rare; it is exact, not fast).
+// A round (more than 3 entries left, depth not exhausted): the median of (first + 1, middle,
+// last - 1) is swapped to `first` as the pivot p; then the library's unguarded Hoare partition of
+// [first + 1, last) is computed at once from two bitmaps of the range: left stops (key <= p) and
+// right stops (key >= p). While the i-th left stop from the left lies before the i-th right stop
+// from the right, the scans meet them in that order and swap them (a scan only passes entries no
+// swap has touched, up to the other scan's last swap, which stops it); so with m such pairs, every
+// pair i < m swaps (disjoint positions: all in parallel) and the scans meet at min(m-th left stop,
+// (m-1)-th right stop), the range's end standing in for a stop that does not exist. m is the
+// largest min(#left stops before x, #right stops at or after x) over positions x. Rounds over more
+// than 32 bitmap words use the block (bitmaps and prefix sums in shared memory), smaller ones warp
+// 0 alone (a word per lane, in registers). Past 2·floor(log2 n) rounds the library finishes with a
+// heap select, and below 4 entries with an insertion sort: both on one thread (the heap select is
+// rare; it is exact, not fast).
 //
-// Keys are order_key(value) (NaN on top, -0 = +0), written over the values; the indices travel in
-// a uint16 scratch (n <= 65535). The k entries in front are written sorted by index, with the
-// indexer's visibility rule (TopkArgs), or as the algorithm leaves them (TopkReplayArgs::in_select_order).
+// Keys are order_key(value) (NaN on top, -0 = +0) with the column indices as uint16 (n <= 65535):
+// in shared memory where the row fits (the values are left alone), else written over the values
+// and into the index scratch. The k entries in front are written sorted by index, with the
+// indexer's visibility rule (TopkArgs), or as the algorithm leaves them (in_select_order).
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
 #include "ops/pdl.cuh"
@@ -100,8 +103,13 @@ struct Row {
 
 // Position of the t-th (0-based) set bit of w (w has more than t set bits).
 __device__ __forceinline__ int nth_set_bit(uint32_t w, int t) {
-  for (; t > 0; --t) w &= w - 1;
-  return __ffs(w) - 1;
+  int pos = 0;
+#pragma unroll
+  for (int width = 16; width >= 1; width >>= 1) {  // skip the low half while it holds <= t set bits
+    const int c = __popc(w & ((1u << width) - 1u));
+    if (t >= c) t -= c, w >>= width, pos += width;
+  }
+  return pos;
 }
 
 // Shared state of one row's selection.
@@ -165,15 +173,18 @@ __device__ __forceinline__ Pivot pick_pivot(const Row& r, int first, int last) {
 }
 
 // m = max over positions x of min(left stops before x, right stops at or after x), over one
-// word's 32 positions: l0 left stops before the word, r_after right stops from the word on.
+// word's 32 positions: l0 left stops before the word, r_after right stops from the word on. The
+// first count only grows with x and the second only shrinks, so the largest min sits where they
+// cross: a binary search for the last position whose left count is not above its right count.
 __device__ __forceinline__ int pairs_in_word(uint32_t lb, uint32_t rb, int l0, int r_after) {
-  int best = 0;
+  auto left = [&](int j) { return l0 + __popc(lb & ((1u << j) - 1u)); };
+  auto right = [&](int j) { return r_after - __popc(rb & ((1u << j) - 1u)); };
+  if (left(0) > right(0)) return right(0);
+  int j = 0;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const uint32_t below = (1u << j) - 1u;
-    best = max(best, min(l0 + __popc(lb & below), r_after - __popc(rb & below)));
-  }
-  return best;
+  for (int step = 16; step >= 1; step >>= 1)
+    if (j + step <= 31 && left(j + step) <= right(j + step)) j += step;
+  return j < 31 ? max(left(j), right(j + 1)) : left(j);
 }
 
 // The swaps of one word's left stops (bits lb at base, ranks l0 ..) with their partners, the right
@@ -213,6 +224,7 @@ __device__ void block_round(const Row& r, int& first, int& last, int nth, Shared
     r.swap(first, pv.pos);
     sh.m = 0, sh.lm = hi, sh.rm = hi;
   }
+#pragma unroll 4
   for (int i = warp; i < nw; i += kWarps) {
     const int x = (w0 + i) * 32 + lane;
     const bool in = x >= lo && x < hi;
@@ -246,42 +258,48 @@ __device__ void block_round(const Row& r, int& first, int& last, int nth, Shared
 }
 
 // The same round by warp 0 alone, for ranges of at most 32 words: lane i owns word i, its bitmaps
-// and prefix sums in registers (built from 32 loads per lane, skewed so that the lanes read
-// distinct shared-memory banks), shuffles instead of barriers; only the right bitmaps and sums go
-// through shared memory for the partner search.
-__device__ void warp_round(const Row& r, int& first, int& last, int nth, Shared& sh) {
+// and prefix sums in registers, shuffles instead of barriers. The pairs are listed by rank in
+// shared memory (kMaxWarpPairs each side: at most half of 32 words) and swapped 32 at a time, so
+// no lane walks a whole word of them.
+constexpr int kMaxWarpPairs = 512;
+__device__ void warp_round(const Row& r, int& first, int& last, int nth, uint16_t* lpos, uint16_t* rpos) {
   const int lane = threadIdx.x;
   const Pivot pv = pick_pivot(r, first, last);
   const int lo = first + 1, hi = last, w0 = lo >> 5, nw = ((hi - 1) >> 5) - w0 + 1;
   __syncwarp();
   if (lane == 0) r.swap(first, pv.pos);
-  const int base = (w0 + lane) * 32;
   uint32_t lb = 0, rb = 0;
-  if (lane < nw) {
-#pragma unroll 8
-    for (int jj = 0; jj < 32; ++jj) {
-      const int j = (jj + lane) & 31, x = base + j;
-      if (x >= lo && x < hi) {
-        const int32_t kx = x == pv.pos ? pv.moved : r.key[x];
-        lb |= static_cast<uint32_t>(kx <= pv.key) << j;
-        rb |= static_cast<uint32_t>(kx >= pv.key) << j;
-      }
-    }
+#pragma unroll 4
+  for (int i = 0; i < nw; ++i) {
+    const int x = (w0 + i) * 32 + lane;
+    const bool in = x >= lo && x < hi;
+    const int32_t kx = !in ? 0 : x == pv.pos ? pv.moved : r.key[x];
+    const uint32_t bl = __ballot_sync(dev::kFull, in && kx <= pv.key), br = __ballot_sync(dev::kFull, in && kx >= pv.key);
+    if (lane == i) lb = bl, rb = br;
   }
+  const int base = (w0 + lane) * 32;
   int l_incl = __popc(lb), r_incl = __popc(rb);
   for (int o = 1; o < 32; o <<= 1) {
     const int ta = __shfl_up_sync(dev::kFull, l_incl, o), tb = __shfl_up_sync(dev::kFull, r_incl, o);
     if (lane >= o) l_incl += ta, r_incl += tb;
   }
   const int l0 = l_incl - __popc(lb), r0 = r_incl - __popc(rb), NR = __shfl_sync(dev::kFull, r_incl, 31);
-  if (lane < nw) sh.rbits[lane] = rb, sh.rpre[lane] = r0;
   const int m = __reduce_max_sync(dev::kFull, lane < nw ? pairs_in_word(lb, rb, l0, NR - r0) : 0);
   int lm = hi, rm = hi;
   if (m >= l0 && m < l_incl) lm = base + nth_set_bit(lb, m - l0);
   if (m >= 1 && NR - m >= r0 && NR - m < r_incl) rm = base + nth_set_bit(rb, NR - m - r0);
   const int cut = min(__reduce_min_sync(dev::kFull, lm), __reduce_min_sync(dev::kFull, rm));
-  __syncwarp();  // the right bitmaps are in shared memory, the pivot swap is done
-  if (lane < nw) swap_word(r, lb, base, l0, m, NR, sh.rbits, sh.rpre, nw, w0);
+  // left stop of rank i and right stop of rank i from the right, for i < m
+  int rank = l0;
+  for (uint32_t bits = lb; bits && rank < m; bits &= bits - 1, ++rank) lpos[rank] = static_cast<uint16_t>(base + __ffs(bits) - 1);
+  rank = NR - r_incl;  // descending rank of this word's highest right stop
+  for (uint32_t bits = rb; bits && rank < m; ++rank) {
+    const int hb = 31 - __clz(bits);
+    bits &= ~(1u << hb);
+    rpos[rank] = static_cast<uint16_t>(base + hb);
+  }
+  __syncwarp();  // the lists are written, the pivot swap is done
+  for (int i = lane; i < m; i += 32) r.swap(lpos[i], rpos[i]);
   __syncwarp();
   if (cut <= nth) first = cut;
   else last = cut;
@@ -298,6 +316,7 @@ __global__ void __launch_bounds__(kThreads) topk_replay_kernel(TopkReplayArgs a,
   extern __shared__ uint32_t words[];
   __shared__ int warp_a[kWarps], warp_b[kWarps];
   __shared__ Shared sh;
+  __shared__ uint16_t pair_l[kMaxWarpPairs], pair_r[kMaxWarpPairs];
   const int64_t row = blockIdx.x;
   int n = static_cast<int>(a.n), k = static_cast<int>(a.k);
   int64_t out_off = row * a.k, n_vis = a.ratio > 0 ? (a.pos0 + row + 1) / a.ratio : a.n;
@@ -336,7 +355,7 @@ __global__ void __launch_bounds__(kThreads) topk_replay_kernel(TopkReplayArgs a,
   if (threadIdx.x < 32) {
     while (last - first > 3 && depth > 0) {
       --depth;
-      warp_round(r, first, last, nth, sh);
+      warp_round(r, first, last, nth, pair_l, pair_r);
     }
     if (threadIdx.x == 0) {
       if (last - first > 3) r.heap_select(first, nth + 1, last, nth);  // past the depth limit
@@ -388,7 +407,7 @@ cudaError_t topk_replay(const TopkReplayArgs& a, cudaStream_t s) {
     int limit = 0;
     e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) return e;
-    limit -= 1024;  // the kernel's static shared memory
+    limit -= 4096;  // the kernel's static shared memory
     e = cudaFuncSetAttribute(topk_replay_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
     if (e != cudaSuccess) return e;
     optin[dev] = limit;

@@ -252,25 +252,31 @@ __global__ void __launch_bounds__(512) indexer_tiled_kernel(IndexerArgs a) {
   }
 }
 
-// Block maxima of the candidate source's scores, the block holding entry n_vis-1 pinned to +inf.
+// The score of block b of query t: the maximum of its scores (std::max's rule: a NaN never
+// replaces the running value), the block holding entry n_vis-1 pinned to +inf.
+__device__ __forceinline__ float block_score(const CandidateArgs& a, int64_t t, int64_t b) {
+  float m = -INFINITY;
+  for (int64_t u = b * a.block_size; u < (b + 1) * a.block_size && u < a.T; ++u) {
+    const float v = a.scores[t * a.T + u];
+    m = m < v ? v : m;
+  }
+  const int64_t n_vis = (a.start + t + 1) / a.ratio;
+  if (n_vis > 0 && (n_vis - 1) / a.block_size == b) m = INFINITY;
+  return m;
+}
+
 __global__ void block_scores_kernel(CandidateArgs a, int64_t nb) {
   dev::pdl_enter();
   const int64_t total = a.n * nb;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = idx / nb, b = idx % nb;
-    float m = -INFINITY;
-    for (int64_t u = b * a.block_size; u < (b + 1) * a.block_size && u < a.T; ++u) {
-      const float v = a.scores[t * a.T + u];
-      m = m < v ? v : m;
-    }
-    const int64_t n_vis = (a.start + t + 1) / a.ratio;
-    if (n_vis > 0 && (n_vis - 1) / a.block_size == b) m = INFINITY;
-    a.block_scores[idx] = m;
+    a.block_scores[idx] = block_score(a, idx / nb, idx % nb);
     a.keep[idx] = 0;
   }
 }
 
+// A selected block is kept unless its score is -inf (recomputed from the scores: the selection
+// may have written keys over the block scores).
 __global__ void keep_kernel(CandidateArgs a, int64_t nb, int64_t k) {
   dev::pdl_enter();
   const int64_t total = a.n * k;
@@ -278,7 +284,7 @@ __global__ void keep_kernel(CandidateArgs a, int64_t nb, int64_t k) {
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = idx / k;
     const int32_t b = a.block_sel[idx];
-    if (b >= 0 && a.block_scores[t * nb + b] > -INFINITY) a.keep[t * nb + b] = 1;
+    if (b >= 0 && block_score(a, t, b) > -INFINITY) a.keep[t * nb + b] = 1;
   }
 }
 
@@ -384,14 +390,15 @@ cudaError_t candidate_blocks(const CandidateArgs& a, cudaStream_t s) {
   launch_pdl(block_scores_kernel, elem_grid(a.n * nb), 256, 0, s, a, nb);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  TopkArgs tk;
+  TopkReplayArgs tk;  // the reference's block selection, ties included
   tk.values = a.block_scores;
+  tk.idx = a.block_idx;
   tk.rows = a.n;
   tk.n = nb;
   tk.stride = nb;
   tk.k = k;
   tk.out = a.block_sel;
-  e = topk_sorted(tk, s);
+  e = topk_replay(tk, s);
   if (e != cudaSuccess) return e;
   launch_pdl(keep_kernel, elem_grid(a.n * k), 256, 0, s, a, nb, k);
   return cudaGetLastError();

@@ -280,6 +280,7 @@ struct CandidateArgs {
   const float* scores = nullptr;  // [n][T] of the candidate source
   int64_t n = 0, T = 0, start = 0, ratio = 1, topk_blocks = 0, block_size = 0;
   float* block_scores = nullptr;  // [n][ceil(T/block_size)] scratch
+  uint16_t* block_idx = nullptr;  // [n][nb] scratch of the block selection (TopkReplayArgs::idx)
   int32_t* block_sel = nullptr;   // [n][min(topk_blocks, nb)] scratch
   uint8_t* keep = nullptr;        // [n][nb] result: block kept
 };

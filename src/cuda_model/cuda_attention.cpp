@@ -35,10 +35,39 @@ void select_index_row(const float* scores, int64_t T, int64_t n_vis, int64_t k, 
   for (int64_t j = 0; j < k; ++j) out[j] = sel[static_cast<size_t>(j)] >= n_vis ? -1 : sel[static_cast<size_t>(j)];
 }
 
-bool index_topk_on_device(const ModelConfig& c, int64_t layer, int64_t T, bool has_candidates) {
-  const bool is_cand_src = layer == c.candidate_source_layer_id;
-  const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < layer && has_candidates;
-  return !is_cand_src && !uses_cand && gpu::topk_replay_fits(T, std::min(c.index_topk, T));
+bool Impl::index_topk_on_device(const GpuBlock& b, int64_t span, const PassShared& shared) const {
+  const ModelConfig& c = cfg;
+  if (!device_index_topk || !b.has_indexer || b.ratio <= 0) return false;
+  auto fits = [&](int64_t T) { return T == 0 || gpu::topk_replay_fits(T, std::min(c.index_topk, T)); };
+  const int64_t T = span / b.ratio, src = c.candidate_source_layer_id;
+  if (!fits(T)) return false;
+  if (b.layer == src) {
+    const int64_t nb = (T + c.candidate_block_size - 1) / c.candidate_block_size;
+    if (nb > sc.cand_blocks || (T > 0 && !gpu::topk_replay_fits(nb, std::min(c.candidate_topk_blocks, nb)))) return false;
+    for (const GpuBlock& later : blocks)
+      if (later.layer > b.layer && later.has_indexer && later.ratio > 0 && !fits(span / later.ratio)) return false;
+    return true;
+  }
+  if (src >= 0 && src < b.layer && shared.has_candidates) return shared.device_candidates;
+  return true;
+}
+
+void Impl::candidate_blocks_on_device(const gpu::IndexerArgs& scored, uint8_t* keep) {
+  const ModelConfig& c = cfg;
+  DSV_ASSERT(scored.n <= sc.cand_rows, "candidate blocks: {} rows exceed the block scratch's {}", scored.n, sc.cand_rows);
+  gpu::CandidateArgs a;
+  a.scores = scored.scores;
+  a.n = scored.n;
+  a.T = scored.T;
+  a.start = scored.start;
+  a.ratio = scored.ratio;
+  a.topk_blocks = c.candidate_topk_blocks;
+  a.block_size = c.candidate_block_size;
+  a.block_scores = sc.block_scores;
+  a.block_idx = sc.block_idx;
+  a.block_sel = sc.block_sel;
+  a.keep = keep;
+  gpu::candidate_blocks(a, stream);
 }
 
 void Impl::select_index_rows_on_device(const gpu::IndexerArgs& scored, int64_t k, int32_t* out,
@@ -245,8 +274,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   // after it do, so the GPU computes them while the host waits for the scores and selects the
   // top-k. The same kernels on the same inputs, in another order: the results are unchanged.
   const int64_t index_cols = b.ratio > 0 && b.has_indexer ? (p.decode ? end : p.layout_end) / b.ratio : 0;
-  const bool device_topk =
-      index_cols > 0 && device_index_topk && index_topk_on_device(c, L, index_cols, shared.has_candidates);
+  const bool device_topk = index_cols > 0 && index_topk_on_device(b, p.decode ? end : p.layout_end, shared);
   const bool host_topk = index_cols > 0 && !device_topk;
   const bool defer_rest = p.decode && host_topk && host_point_can_defer();
   const QuantizedInput qrq = project_q_latent(b, n, xq);
@@ -313,16 +341,33 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
         const int64_t k = std::min(c.index_topk, T);
         const int64_t rows_per_slice = std::clamp<int64_t>(sc.score_slice_floats / T, 1, n);
         const int64_t slices = (n + rows_per_slice - 1) / rows_per_slice;
-        if (device_topk) {  // scores and selection stay on the GPU, one slice buffer after another
-          for (int64_t r0 = 0; r0 < n; r0 += rows_per_slice) {
+        if (device_topk) {
+          // Scores, candidate blocks and selection stay on the GPU, one slice buffer after another:
+          // the candidate source keeps its rows' blocks (row t at t x its blocks), the layers
+          // after it send the other columns to -inf first, as select_index_row does.
+          const bool is_cand_src = L == c.candidate_source_layer_id;
+          const bool masked = !is_cand_src && shared.device_candidates;
+          const int64_t bsz = c.candidate_block_size;
+          const int64_t step = is_cand_src ? std::min(rows_per_slice, sc.cand_rows) : rows_per_slice;
+          for (int64_t r0 = 0; r0 < n; r0 += step) {
             gpu::IndexerArgs sa = ia;
             sa.qi = sc.qi + r0 * IH * ID;
             sa.w = sc.iw + r0 * IH;
-            sa.n = std::min(rows_per_slice, n - r0);
+            sa.n = std::min(step, n - r0);
             sa.start = start + r0;
             sa.scores = sc.scores;
             gpu::indexer_scores(sa, stream);
+            if (is_cand_src) candidate_blocks_on_device(sa, sc.cand_keep + r0 * ((T + bsz - 1) / bsz));
+            if (masked) {
+              const int64_t width = shared.candidate_cols;
+              gpu::CandidateMaskArgs cm{sa.scores, sc.cand_keep + r0 * ((width + bsz - 1) / bsz), sa.n, T, width, bsz};
+              gpu::candidate_mask(cm, stream);
+            }
             select_index_rows_on_device(sa, k, sc.topk + r0 * k);
+          }
+          if (is_cand_src) {
+            shared.has_candidates = shared.device_candidates = true;
+            shared.candidate_cols = T;
           }
           shared.topk_len = k;
         } else {

@@ -255,13 +255,11 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
   // KV rows after the index scores' download, so the GPU computes them while the host waits and
   // selects (Impl::attention: nothing before the host point reads them; results unchanged).
   // (When every row's selection can run on the device, there is no host point.)
-  bool any_cols = false, all_on_device = device_index_topk;
+  bool any_cols = false, all_on_device = true;
   if (b.ratio > 0 && b.has_indexer)
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t cols = (pos(i) + 1) / b.ratio;
-      any_cols = any_cols || cols > 0;
-      const bool has_candidates = db.shared[static_cast<size_t>(i)].has_candidates;
-      if (cols > 0) all_on_device = all_on_device && index_topk_on_device(c, L, cols, has_candidates);
+      any_cols = any_cols || (pos(i) + 1) / b.ratio > 0;
+      all_on_device = all_on_device && index_topk_on_device(b, pos(i) + 1, db.shared[static_cast<size_t>(i)]);
     }
   const bool device_topk = any_cols && all_on_device;
   const bool host_topk = any_cols && !device_topk;
@@ -343,7 +341,9 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
         }
         gfirst.push_back(n);
         const int64_t groups = static_cast<int64_t>(gfirst.size()) - 1;
-        // Scores row i into `scores`.
+        // Scores row i into `scores`; on the device path also its candidate blocks (the source)
+        // or its candidate mask (the layers after it), each row's at i x Scratch::cand_blocks.
+        const bool is_cand_src = L == c.candidate_source_layer_id;
         auto score_row = [&](int64_t i, float* scores) {
           const auto u = static_cast<size_t>(i);
           const CudaSeqState& st = seq(i);
@@ -365,6 +365,15 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
           ia.ratio = ratio;
           ia.scores = scores;
           gpu::indexer_scores(ia, stream);
+          if (!device_topk) return;
+          const PassShared& shared = db.shared[u];
+          uint8_t* keep = sc.cand_keep + i * sc.cand_blocks;
+          if (is_cand_src) {
+            candidate_blocks_on_device(ia, keep);
+          } else if (shared.device_candidates) {
+            gpu::CandidateMaskArgs cm{scores, keep, 1, T[u], shared.candidate_cols, c.candidate_block_size};
+            gpu::candidate_mask(cm, stream);
+          }
         };
         auto issue = [&](int64_t g, float* dev, float* host) {
           const int64_t i0 = gfirst[static_cast<size_t>(g)], i1 = gfirst[static_cast<size_t>(g + 1)];
@@ -378,7 +387,6 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
         };
 
         // ---- candidate blocks and top-k on the host, every row's in one round trip per group ----
-        const bool is_cand_src = L == c.candidate_source_layer_id;
         const bool uses_cand = c.candidate_source_layer_id >= 0 && c.candidate_source_layer_id < L;
         int32_t* sel_out = topk_host.data();
         auto select = [&](int64_t g, const float* scores) {
@@ -416,6 +424,13 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
             select_index_rows_on_device(rows, std::min(c.index_topk, t_max), sc.topk + db.topk_off[static_cast<size_t>(i0)],
                                         sc.positions + i0);
           }
+          if (is_cand_src)
+            for (int64_t i = 0; i < n; ++i) {
+              PassShared& shared = db.shared[static_cast<size_t>(i)];
+              if (T[static_cast<size_t>(i)] == 0) continue;
+              shared.has_candidates = shared.device_candidates = true;
+              shared.candidate_cols = T[static_cast<size_t>(i)];
+            }
         } else {
           std::function<void()> deferred;
           if (defer_rest) deferred = project_rest;

@@ -160,6 +160,14 @@ struct Scratch {
   float *c_a = nullptr, *c_g = nullptr, *c_latent = nullptr, *c_work = nullptr;
   float *qi = nullptr, *iw = nullptr, *scores = nullptr;
   uint16_t* score_idx = nullptr;  // [score_slice_floats]: gpu::topk_replay's index scratch
+  // Candidate blocks made on the device: cand_keep [m][cand_blocks] (a row's kept blocks, at the
+  // stride of its source width's blocks, or of cand_blocks under batched decode), and the block
+  // scoring's scratch for cand_rows rows.
+  int64_t cand_blocks = 1, cand_rows = 1;
+  uint8_t* cand_keep = nullptr;
+  float* block_scores = nullptr;
+  uint16_t* block_idx = nullptr;
+  int32_t* block_sel = nullptr;
   int32_t *topk = nullptr, *list = nullptr;
   const uint16_t** pool_a = nullptr;
   const uint16_t** pool_b = nullptr;
@@ -186,12 +194,13 @@ struct Scratch {
 struct PassShared {
   int64_t topk_len = -1;  // -1: no index source has run in this pass
   bool has_candidates = false;
+  // The candidate source ran on the device: its masks are in Scratch::cand_keep, over
+  // candidate_cols columns, and the index layers after it select on the device too.
+  bool device_candidates = false;
+  int64_t candidate_cols = 0;
   std::vector<std::vector<uint8_t>> candidates;  // [query] -> mask over the candidate source's entries
 };
 
-// Whether an index layer's top-k over T score columns runs on the device: gpu::topk_replay takes
-// the reference's nth_element branch; layers that make or apply candidate blocks select on the host.
-bool index_topk_on_device(const ModelConfig& c, int64_t layer, int64_t T, bool has_candidates);
 // The host part of one query's index selection, in the CPU engine's order: at the candidate source
 // layer its candidate-block mask is made (*candidates), at later layers that mask (when present)
 // sends the other entries to -inf; then the top-k set by index into out[0, k), entries at or beyond
@@ -406,6 +415,13 @@ struct Impl {
   // The top-k of rows just scored (gpu::topk_replay over scored.scores, which it consumes) into
   // out [scored.n][k], indices at or beyond a row's visible entries as -1; with positions (batched
   // decode) each row has its own width and count (TopkReplayArgs::positions), scored.T the largest.
+  // Whether layer b's index top-k over the columns of `span` positions (a pass's layout end, a
+  // decode row's position + 1) runs on the device: gpu::topk_replay takes the reference's
+  // nth_element branch; the candidate source only if every index layer after it can apply its mask
+  // on the device, and those layers exactly when it did (PassShared::device_candidates).
+  bool index_topk_on_device(const GpuBlock& b, int64_t span, const PassShared& shared) const;
+  // The candidate source's kept blocks of rows just scored into keep (gpu::candidate_blocks).
+  void candidate_blocks_on_device(const ops::gpu::IndexerArgs& scored, uint8_t* keep);
   void select_index_rows_on_device(const ops::gpu::IndexerArgs& scored, int64_t k, int32_t* out,
                                    const int64_t* positions = nullptr);
   HostPhaseTimer::Clock::time_point index_score_slices(

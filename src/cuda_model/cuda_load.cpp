@@ -459,7 +459,7 @@ void Impl::load(const std::string& dir) {
   // The environment can ask for sequential block sums in every process of a run (a TP worker builds
   // its own options), so a run can be made bit-identical to the CPU engine without a rebuild.
   if (env_is("DSV41_EXACT_BLOCK_SUMS", "1")) opts.exact_block_sums = true;
-  device_index_topk = !env_is("DSV41_HOST_INDEX_TOPK", "1");
+  device_index_topk = !opts.host_index_topk && !env_is("DSV41_HOST_INDEX_TOPK", "1");
   if (!tp) {  // decode steps in CUDA graphs (tensor parallelism keeps its collectives eager)
     graphs = std::make_unique<StepGraphs>(stream);
     graphs_on = (opts.cuda_graphs || env_is("DSV41_CUDA_GRAPHS", "1")) && !env_is("DSV41_NO_GRAPHS", "1");
@@ -531,6 +531,8 @@ void Impl::alloc_scratch() {
   s.score_slice_floats = plan.slicing.slice_floats();
   s.score_buffers = plan.slicing.buffers;
   s.moe_sort_ints = plan.moe_sort_ints;
+  s.cand_blocks = plan.cand_blocks;
+  s.cand_rows = plan.cand_rows;
   using P = ScratchPiece;
   std::array<void**, kScratchPieces> field{};
   auto bind = [&](P p, auto*& ptr) { field[static_cast<size_t>(p)] = reinterpret_cast<void**>(&ptr); };
@@ -542,7 +544,8 @@ void Impl::alloc_scratch() {
   bind(P::kKvBf16, s.kv_bf16), bind(P::kStaged, s.staged), bind(P::kQrCodes, s.qr_codes), bind(P::kQrScales, s.qr_scales);
   bind(P::kCA, s.c_a), bind(P::kCG, s.c_g), bind(P::kCLatent, s.c_latent), bind(P::kCWork, s.c_work), bind(P::kQi, s.qi);
   bind(P::kIw, s.iw), bind(P::kScores, s.scores), bind(P::kScoreIdx, s.score_idx), bind(P::kTopk, s.topk), bind(P::kList, s.list);
-  bind(P::kPoolA, s.pool_a), bind(P::kPoolB, s.pool_b);
+  bind(P::kPoolA, s.pool_a), bind(P::kPoolB, s.pool_b), bind(P::kCandKeep, s.cand_keep);
+  bind(P::kBlockScores, s.block_scores), bind(P::kBlockIdx, s.block_idx), bind(P::kBlockSel, s.block_sel);
   bind(P::kIds, s.ids), bind(P::kRouteW, s.route_w), bind(P::kRouteScratch, s.route_scratch), bind(P::kEg, s.eg);
   bind(P::kEu, s.eu), bind(P::kRouted, s.routed), bind(P::kSg, s.sg), bind(P::kShared, s.shared);
   bind(P::kMoeSort, s.moe_sort);

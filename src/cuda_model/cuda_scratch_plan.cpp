@@ -41,6 +41,14 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
   // Index score rows in slices (index_score_slicing): the buffers do not grow with m x t_max.
   p.slicing = index_score_slicing(m, p.t_max, in.score_slice_bytes);
   const int64_t tk = std::max<int64_t>(1, c.index_topk);
+  // The device selection takes rows of fewer than 64·index_topk columns (gpu::topk_replay_fits),
+  // so candidate masks made on the device span at most that many.
+  if (c.candidate_source_layer_id >= 0 && c.candidate_block_size >= 1) {
+    const int64_t widest = std::min(p.t_max, 64 * tk - 1);
+    p.cand_blocks = std::max<int64_t>(1, (widest + c.candidate_block_size - 1) / c.candidate_block_size);
+    p.cand_topk = std::max<int64_t>(1, std::min(c.candidate_topk_blocks, p.cand_blocks));
+  }
+  p.cand_rows = p.slicing.rows;
   const int64_t taps_in = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * dim;  // DSpark main_proj
   const int64_t max_in = std::max({dim, qlr, GR, inter, edim, H * hd, hd, taps_in});
   const int64_t code_bytes = std::max(m * max_in, m * K * inter);
@@ -84,6 +92,8 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
       // the top-k of an index source layer: the layers below the next index source attend to it
       // (PassShared::topk_len; batched decode: DecodeBatch::topk_off)
       {P::kTopk, S::kCommon, m * tk * 4},
+      // the candidate source's kept blocks, applied by the index layers after it (device masks)
+      {P::kCandKeep, S::kCommon, m * p.cand_blocks},
       // ---- attention: from the q latent to wo_b's output in y (DSpark stages the same); the host's
       // score reads and top-k writes go through pinned copies, in stream order ----
       {P::kQr, S::kAttention, m * qlr * f},
@@ -104,6 +114,10 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
       {P::kScores, S::kAttention, p.slicing.floats() * f},
       // the device top-k's column indices beside one slice of scores (gpu::topk_replay)
       {P::kScoreIdx, S::kAttention, p.slicing.slice_floats() * 2},
+      // the candidate source's block scores and block top-k, cand_rows rows at a time
+      {P::kBlockScores, S::kAttention, p.cand_rows * p.cand_blocks * f},
+      {P::kBlockIdx, S::kAttention, p.cand_rows * p.cand_blocks * 2},
+      {P::kBlockSel, S::kAttention, p.cand_rows * p.cand_topk * 4},
       {P::kList, S::kAttention, m * (win + tk) * 4},
       {P::kPoolA, S::kAttention, m * 8},
       {P::kPoolB, S::kAttention, m * 8},

@@ -323,8 +323,11 @@ void topk_replay(const TopkReplayArgs& a, cudaStream_t s) {
 void candidate_blocks(const CandidateArgs& a, cudaStream_t s) {
   DSV_CHECK(a.block_size >= 1 && a.topk_blocks >= 1 && a.ratio >= 1, "candidate_blocks: block_size={} topk_blocks={} ratio={}",
             a.block_size, a.topk_blocks, a.ratio);
-  DSV_CHECK(a.n == 0 || a.T == 0 || (a.scores && a.block_scores && a.block_sel && a.keep),
+  DSV_CHECK(a.n == 0 || a.T == 0 || (a.scores && a.block_scores && a.block_idx && a.block_sel && a.keep),
             "candidate_blocks: all pointers must be set");
+  const int64_t nb = (a.T + a.block_size - 1) / a.block_size;
+  DSV_CHECK(a.T == 0 || topk_replay_fits(nb, std::min(a.topk_blocks, nb)),
+            "candidate_blocks: {} blocks keeping {} is outside the exact selection's branch", nb, a.topk_blocks);
   launched(raw::candidate_blocks(a, s), "candidate_blocks launch");
 }
 

@@ -133,6 +133,33 @@ TEST(GpuModelParity, RandomCheckpointsMatchCpu) {
   }
 }
 
+// The index top-k and candidate blocks on the device (gpu::topk_replay, candidate_blocks) select
+// what the host selection does, ties included: logits bit for bit, one-shot and in chunks. The
+// random checkpoints' bf16 index scores tie often.
+TEST(GpuModelParity, DeviceIndexSelectionMatchesTheHost) {
+  const struct {
+    const char* fixture;
+    int64_t prompt;  // + 30 decoded: within each config's max_position_embeddings
+  } cases[] = {{"tiny-s0", 90}, {"tiny-long", 150}};
+  for (const auto& [fixture, length] : cases) {
+    const std::string dir = mkmodel(fixture, 31);
+    const std::string tm = kFixtures + "/" + fixture + "/engram_token_map.safetensors";
+    const std::vector<int32_t> prompt = random_prompt(length, 512, 8);
+    model::CudaModelOptions host = cuda_opts(tm, length + 30, 256), device = host;
+    host.host_index_topk = true;
+    auto a = model::CudaModel::load(dir, host);
+    auto b = model::CudaModel::load(dir, device);
+    for (int64_t chunk : {0, 13}) {
+      const test::Run h = test::run_steps(*a, prompt, chunk, 30);
+      const test::Run d = test::run_steps(*b, prompt, chunk, 30);
+      const std::string what = std::string(fixture) + " chunk " + std::to_string(chunk);
+      EXPECT_EQ(h.prefill, d.prefill) << what;
+      EXPECT_EQ(h.decode, d.decode) << what;
+      EXPECT_EQ(h.greedy, d.greedy) << what;
+    }
+  }
+}
+
 TEST(GpuModelParity, PassSizeDoesNotChangeResults) {
   const std::string dir = kFixtures + "/tiny-s0";
   const std::string tm = dir + "/engram_token_map.safetensors";

@@ -198,7 +198,8 @@ TEST(GpuOps, CandidateBlocksAndMask) {
     for (int64_t t = 0; t < n; ++t) {
       const int64_t n_vis = (start + t + 1) / ratio;
       for (int64_t u = 0; u < T; ++u) {
-        sc[t * T + u] = u < n_vis ? rng.normal(1.0f) : kNegInf;
+        // relu'd bf16 index scores: tied block maxima, which the exact block selection must order
+        sc[t * T + u] = u < n_vis ? bf16_round(std::max(0.0f, rng.normal(1.0f)) * 0.25f) : kNegInf;
         other[t * T + u] = u < n_vis ? rng.normal(1.0f) : kNegInf;
       }
     }
@@ -217,7 +218,8 @@ TEST(GpuOps, CandidateBlocksAndMask) {
         if (!want_keep[t * nb + u / bsz]) want[t * T + u] = kNegInf;
     }
     const int64_t kb = std::min(top_blocks, nb);
-    DeviceBuffer dsc = DeviceBuffer::from(sc), dbs(static_cast<size_t>(n * nb) * 4), dsel(static_cast<size_t>(n * kb) * 4);
+    DeviceBuffer dsc = DeviceBuffer::from(sc), dbs(static_cast<size_t>(n * nb) * 4), dsel(static_cast<size_t>(n * kb) * 4),
+        didx(static_cast<size_t>(n * nb) * 2);
     Guarded dkeep(static_cast<size_t>(n * nb), 0x5A), dother = Guarded::from(other);
     gpu::CandidateArgs a;
     a.scores = dsc.as<float>();
@@ -228,6 +230,7 @@ TEST(GpuOps, CandidateBlocksAndMask) {
     a.topk_blocks = top_blocks;
     a.block_size = bsz;
     a.block_scores = dbs.as<float>();
+    a.block_idx = didx.as<uint16_t>();
     a.block_sel = dsel.as<int32_t>();
     a.keep = dkeep.as<uint8_t>();
     gpu::candidate_blocks(a, nullptr);

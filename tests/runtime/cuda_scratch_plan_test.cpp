@@ -78,9 +78,10 @@ TEST(CudaScratchPlan, PhaseOfEachKindOfBuffer) {
   for (ScratchPiece id : {ScratchPiece::kH, ScratchPiece::kPre, ScratchPiece::kX, ScratchPiece::kY, ScratchPiece::kMixA,
                           ScratchPiece::kCodes, ScratchPiece::kXCodes, ScratchPiece::kSlots, ScratchPiece::kEngramRaw,
                           ScratchPiece::kPositions, ScratchPiece::kMixCounters, ScratchPiece::kBatchPools,
-                          ScratchPiece::kTopk})
+                          ScratchPiece::kTopk, ScratchPiece::kCandKeep})
     EXPECT_EQ(p.at(id).phase, ScratchPhase::kCommon) << static_cast<int>(id);
-  for (ScratchPiece id : {ScratchPiece::kQ, ScratchPiece::kO, ScratchPiece::kScores, ScratchPiece::kScoreIdx, ScratchPiece::kList})
+  for (ScratchPiece id : {ScratchPiece::kQ, ScratchPiece::kO, ScratchPiece::kScores, ScratchPiece::kScoreIdx,
+                          ScratchPiece::kBlockScores, ScratchPiece::kBlockIdx, ScratchPiece::kBlockSel, ScratchPiece::kList})
     EXPECT_EQ(p.at(id).phase, ScratchPhase::kAttention) << static_cast<int>(id);
   for (ScratchPiece id : {ScratchPiece::kEg, ScratchPiece::kEu, ScratchPiece::kRouted, ScratchPiece::kIds, ScratchPiece::kShared})
     EXPECT_EQ(p.at(id).phase, ScratchPhase::kMoe) << static_cast<int>(id);
@@ -103,6 +104,11 @@ TEST(CudaScratchPlan, PieceSizes) {
   EXPECT_EQ(one.at(ScratchPiece::kLogits).bytes, 256 * c.vocab_size * 4);
   EXPECT_EQ(one.at(ScratchPiece::kScores).bytes, one.slicing.floats() * 4);
   EXPECT_EQ(one.at(ScratchPiece::kScoreIdx).bytes, one.slicing.slice_floats() * 2);  // uint16 per score of a slice
+  // candidate masks on the device: blocks of the widest row the device selection takes (< 64·index_topk)
+  const int64_t widest = std::min<int64_t>(8192, 64 * c.index_topk - 1);
+  EXPECT_EQ(one.cand_blocks, (widest + c.candidate_block_size - 1) / c.candidate_block_size);
+  EXPECT_EQ(one.at(ScratchPiece::kCandKeep).bytes, m * one.cand_blocks);
+  EXPECT_EQ(one.at(ScratchPiece::kBlockSel).bytes, one.cand_rows * std::min(c.candidate_topk_blocks, one.cand_blocks) * 4);
   EXPECT_THROW(plan(c, 0, 8192), Error);
 }
 

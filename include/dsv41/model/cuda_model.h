@@ -123,6 +123,9 @@ struct CudaModelOptions {
   // environment's DSV41_CUDA_GRAPHS=1 turns it on, DSV41_NO_GRAPHS=1 off, whatever this says.
   // Never under tensor parallelism (its collectives run eagerly).
   bool cuda_graphs = false;
+  // Index top-k (and candidate blocks) on the host even where the device selection applies (the
+  // same selection either way; A/B runs and tests). DSV41_HOST_INDEX_TOPK=1 sets it too.
+  bool host_index_topk = false;
   // Tensor parallelism: this rank's collective over device memory (the NCCL backend); null = TP 1.
   // Every rank loads its share and all ranks must run the same forwards in the same order.
   std::shared_ptr<dist::Collective> tp;

@@ -30,9 +30,9 @@ inline constexpr int kScratchPhases = 5;
 // and su back to back.
 enum class ScratchPiece {
   kH, kPre, kX, kY, kMixA, kMixF, kCodes, kActScales, kXCodes, kXScales, kTokens, kSlots, kEngramRaw,
-  kPositions, kMixCounters, kBatchPools, kTopk,
+  kPositions, kMixCounters, kBatchPools, kTopk, kCandKeep,
   kQr, kQ, kKv, kO, kZ, kKvBf16, kStaged, kQrCodes, kQrScales, kCA, kCG, kCLatent, kCWork, kQi, kIw,
-  kScores, kScoreIdx, kList, kPoolA, kPoolB,
+  kScores, kScoreIdx, kBlockScores, kBlockIdx, kBlockSel, kList, kPoolA, kPoolB,
   kIds, kRouteW, kRouteScratch, kEg, kEu, kRouted, kSg, kShared, kMoeSort,
   kEngramRows, kEngramKv,
   kLogits,
@@ -60,6 +60,9 @@ inline constexpr int64_t kScratchAlign = 256;
 
 struct ScratchPlan {
   int64_t m = 0, t_max = 1, logit_rows = 0;
+  // Candidate blocks on the device (gpu::candidate_blocks): blocks of the widest source row the
+  // device selection takes, the block top-k, and rows per block-scratch slice.
+  int64_t cand_blocks = 1, cand_topk = 1, cand_rows = 1;
   IndexScoreSlicing slicing;
   int64_t moe_sort_ints = 0;        // ints of the grouped MoE's bucketing (moe_grouped_sort_ints)
   int64_t engram_raw_bytes = 0;     // raw Engram rows of every Engram layer for one pass

@@ -54,6 +54,8 @@ void topk_sorted(const TopkArgs& a, cudaStream_t s);
 // takes (its nth_element branch, k·64 > n, with n <= 65535); consumes the values (TopkReplayArgs).
 bool topk_replay_fits(int64_t n, int64_t k);
 void topk_replay(const TopkReplayArgs& a, cudaStream_t s);
+// The candidate source's kept blocks (model::candidate_mask's blocks, the block top-k by
+// topk_replay, so ties as the CPU engine); needs topk_replay_fits(blocks, min(topk_blocks, blocks)).
 void candidate_blocks(const CandidateArgs& a, cudaStream_t s);
 void candidate_mask(const CandidateMaskArgs& a, cudaStream_t s);
 // Sparse attention, one arithmetic, identical results: up to 32 queries take the split kernel (a

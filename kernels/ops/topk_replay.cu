@@ -39,7 +39,7 @@ __device__ __forceinline__ int32_t order_key(float f) {
   return (u >> 31) ? -static_cast<int32_t>(mag) : static_cast<int32_t>(mag);
 }
 
-// One row's (key, index) pairs in global memory.
+// One row's (key, index) pairs, in shared memory or in global memory.
 struct Row {
   int32_t* key;
   uint16_t* idx;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "../support/introselect_cases.h"
 #include "dsv41/common/error.h"
 #include "harness.h"
 #include "model/ops/topk.h"
@@ -137,15 +138,8 @@ TEST(GpuTopkReplay, VisibilityRuleAndDepthLimitHeapSelect) {
     }
     check_rows(v, rows, n, k, 1700, 2, "replay visibility ratio 2");
   }
-  // Inputs on which the library's introselect runs out of partition rounds and finishes with a
-  // heap select (the same inputs as tests/model/topk_test.cpp's DepthLimit case).
-  const std::vector<std::pair<std::vector<float>, int64_t>> cases = {
-      {{0, 3, 6, 12, 12, 5, 2, 7, 0, 9, 8, 12, 12, 13, 12, 15, 0, 2, 6, 9, 8, 5, 6, 12, 8, 9, 8, 1, 0, 7, 14}, 13},
-      {{0, 2, 4, 9, 12, 5, 6, 21, 8, 14, 8, 11, 14, 4, 20, 16, 20, 12, 18, 13, 14, 20,
-        0, 2, 2, 9, 4, 5, 18, 7, 8, 9, 8, 11, 14, 13, 12, 16, 16, 17, 6, 19, 20},
-       26},
-  };
-  for (const auto& [v, k] : cases) {
+  // Inputs on which the library's introselect runs out of partition rounds (heap select).
+  for (const auto& [v, k] : introselect_depth_limit_cases()) {
     const int64_t n = static_cast<int64_t>(v.size());
     check_rows(v, 1, n, k, 0, 0, "replay depth limit n=" + std::to_string(n));
   }

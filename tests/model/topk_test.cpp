@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dsv41/common/numeric.h"
+#include "../support/introselect_cases.h"
 #include "model/ops/topk.h"
 
 namespace dsv41::model {
@@ -148,15 +149,8 @@ TEST(TopK, NthElementBranchAtIndexScoreSizes) {
 }
 
 TEST(TopK, DepthLimitHeapSelectMatchesTheLibrary) {
-  // Inputs on which the library's introselect runs out of its 2·log2(n) partition rounds and
-  // finishes with a heap select (found by search against an instrumented replay).
-  const std::vector<std::pair<std::vector<float>, int64_t>> cases = {
-      {{0, 3, 6, 12, 12, 5, 2, 7, 0, 9, 8, 12, 12, 13, 12, 15, 0, 2, 6, 9, 8, 5, 6, 12, 8, 9, 8, 1, 0, 7, 14}, 13},
-      {{0, 2, 4, 9, 12, 5, 6, 21, 8, 14, 8, 11, 14, 4, 20, 16, 20, 12, 18, 13, 14, 20,
-        0, 2, 2, 9, 4, 5, 18, 7, 8, 9, 8, 11, 14, 13, 12, 16, 16, 17, 6, 19, 20},
-       26},
-  };
-  for (const auto& [v, k] : cases) {
+  // Inputs on which the library's introselect runs out of its partition rounds (heap select).
+  for (const auto& [v, k] : test::introselect_depth_limit_cases()) {
     EXPECT_EQ(torch_topk_indices(v, k), library_topk(v, k)) << "n=" << v.size() << " k=" << k;
     EXPECT_EQ(topk_sorted(v, k), sorted(library_topk(v, k))) << "n=" << v.size() << " k=" << k;
   }

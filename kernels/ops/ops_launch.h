@@ -262,8 +262,8 @@ struct TopkArgs {
   int32_t* out = nullptr;  // [rows][k]
 };
 // The reference's selection with its tie order (kernels/ops/topk_replay.cu): the same k entries
-// as model::topk_sorted when its nth_element branch runs (topk_replay_fits). The values may be
-// overwritten (with order keys, for rows too long for shared memory); idx is scratch of their shape.
+// as model::topk_sorted, in both of its branches (topk_replay_fits). The values may be overwritten
+// (with order keys, nth_element rows too long for shared memory); idx is scratch of their shape.
 struct TopkReplayArgs {
   float* values = nullptr;   // [rows][stride]
   uint16_t* idx = nullptr;   // [rows][stride]

@@ -2,7 +2,9 @@
 // std::nth_element on (value, index) pairs when k·64 > n, and which of the entries tied with the
 // k-th value end up in front depends on every swap libstdc++'s introselect makes; the CPU engine
 // replays those swaps (Introselect in src/model/ops/topk.cpp) and this kernel replays the same
-// steps, one block per row, so both engines keep the same entries.
+// steps, one block per row, so both engines keep the same entries. When k·64 <= n torch runs
+// std::partial_sort instead, whose heap is replayed by topk_heap_kernel (further down); a call
+// with rows of both kinds (batched decode) launches both kernels, each skipping the other's rows.
 //
 // A round (more than 3 entries left, depth not exhausted): the median of (first + 1, middle,
 // last - 1) is swapped to `first` as the pivot p; then the library's unguarded Hoare partition of
@@ -328,6 +330,7 @@ __global__ void __launch_bounds__(kThreads) topk_replay_kernel(TopkReplayArgs a,
     n_vis = n;
     if (k == 0) return;
   }
+  if (static_cast<int64_t>(k) * 64 <= n) return;  // the partial_sort branch: topk_heap_kernel
   const int nth = k - 1, W = (n + 31) / 32;
   const float* values = a.values + row * a.stride;
   // The row's keys and indices: in shared memory when they fit (resident), else over the values
@@ -391,6 +394,170 @@ __global__ void __launch_bounds__(kThreads) topk_replay_kernel(TopkReplayArgs a,
   }
 }
 
+// ---- the partial_sort branch (k·64 <= n) ----
+// std::partial_sort's selection: a heap of the first k entries (std::make_heap), then every later
+// entry ranked above the heap's top replaces it (the pop-heap step with a value); which of the
+// entries tied with the k-th value survive depends on the heap's exact layout at every step. One
+// warp per row, the heap in shared memory as packed (key, column) nodes.
+//
+// libstdc++'s step walks the hole from the top to a leaf along the lower-ranked child (the right
+// one unless the left ranks lower, a lone last child taken at the end) and lets the value climb
+// back while its parent ranks lower. Keys never decrease down that path, so the value ends below
+// exactly the path nodes whose key is <= its own: sift() walks the same path from the top and
+// stops at the first child whose key is above the value's, the same layout without the climb.
+// Node i sits in slot i + 1, so a node's children, grandchildren and great-grandchildren are
+// aligned runs of 2, 4 and 8 slots: where all of them exist, one round of loads decides three
+// levels; the last levels go one at a time with the library's bounds.
+//
+// The row streams through in chunks of 256 columns, loaded into registers one chunk ahead and
+// parked in shared memory as keys; a chunk whose keys all fail against the top is skipped with one
+// vote (an entry that fails against an older top fails against every later one: the top only
+// rises), otherwise 32 columns at a time are voted and lane 0 replaces the top for each entrant in
+// column order. Shared memory stays small (k + 2 nodes and the chunk) so that a prefill pass's
+// rows run in one wave. A single row is slow (~1 ms at 65,536 columns: thousands of dependent
+// heap steps on one thread), so the engine sends few rows to the host instead.
+constexpr int kHeapThreads = 32;
+constexpr int kHeapChunk = 256;  // columns per register stage: 8 per lane
+
+__device__ __forceinline__ int32_t node_key(uint64_t v) { return static_cast<int32_t>(v >> 32); }
+__device__ __forceinline__ uint64_t make_node(int32_t key, int32_t col) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(key)) << 32) | static_cast<uint32_t>(col);
+}
+// Of a left/right pair of nodes, the one the library's walk takes (the right one unless the left
+// ranks lower); sets `left`.
+__device__ __forceinline__ uint64_t walk_child(ulonglong2 pair, bool& left) {
+  left = node_key(pair.y) > node_key(pair.x);
+  return left ? pair.x : pair.y;
+}
+
+// __adjust_heap(first, hole, len, v) on the heap `slot` (node i in slot[i + 1]).
+__device__ __forceinline__ void sift(uint64_t* slot, int hole, int len, uint64_t v) {
+  const int32_t vk = node_key(v);
+  for (;;) {
+    if (8 * hole + 15 <= len) {  // three levels below the hole, all present
+      const ulonglong2* c = reinterpret_cast<const ulonglong2*>(slot + 2 * hole + 2);
+      const ulonglong2* g = reinterpret_cast<const ulonglong2*>(slot + 4 * hole + 4);
+      const ulonglong2* e = reinterpret_cast<const ulonglong2*>(slot + 8 * hole + 8);
+      const ulonglong2 c0 = c[0], g0 = g[0], g1 = g[1], e0 = e[0], e1 = e[1], e2 = e[2], e3 = e[3];
+      bool l1, l2, l3;
+      const uint64_t n1 = walk_child(c0, l1);
+      if (node_key(n1) > vk) break;
+      slot[hole + 1] = n1;
+      hole = 2 * hole + (l1 ? 1 : 2);
+      const uint64_t n2 = walk_child(l1 ? g0 : g1, l2);
+      if (node_key(n2) > vk) break;
+      slot[hole + 1] = n2;
+      hole = 2 * hole + (l2 ? 1 : 2);
+      const uint64_t n3 = walk_child(l1 ? (l2 ? e0 : e1) : (l2 ? e2 : e3), l3);
+      if (node_key(n3) > vk) break;
+      slot[hole + 1] = n3;
+      hole = 2 * hole + (l3 ? 1 : 2);
+    } else {
+      const int right = 2 * hole + 2;  // the right child's node, the left child's slot
+      if (right > len) break;          // a leaf
+      bool left = true;                // a lone last child is taken
+      const uint64_t child =
+          right < len ? walk_child(*reinterpret_cast<const ulonglong2*>(slot + right), left) : slot[right];
+      if (node_key(child) > vk) break;
+      slot[hole + 1] = child;
+      hole = left ? right - 1 : right;
+    }
+  }
+  slot[hole + 1] = v;
+}
+
+// Dynamic shared memory: the heap's k + 2 slots (slot 0 unused, one past the end for the last pair
+// load), then the chunk's keys.
+__host__ __device__ constexpr size_t heap_smem_bytes(int64_t k) {
+  return static_cast<size_t>(k + 2) * 8 + kHeapChunk * 4;
+}
+
+__global__ void __launch_bounds__(kHeapThreads) topk_heap_kernel(TopkReplayArgs a) {
+  dev::pdl_enter();
+  extern __shared__ ulonglong2 heap_words[];
+  uint64_t* slot = reinterpret_cast<uint64_t*>(heap_words);
+  const int lane = threadIdx.x;
+  const int64_t row = blockIdx.x;
+  int n = static_cast<int>(a.n), k = static_cast<int>(a.k);
+  int64_t out_off = row * a.k, n_vis = a.ratio > 0 ? (a.pos0 + row + 1) / a.ratio : a.n;
+  if (a.positions) {
+    out_off = 0;
+    for (int64_t j = 0; j < row; ++j) out_off += min(a.k, (a.positions[j] + 1) / a.ratio);
+    n = static_cast<int>((a.positions[row] + 1) / a.ratio);
+    k = min(k, n);
+    n_vis = n;
+  }
+  if (k == 0 || static_cast<int64_t>(k) * 64 > n) return;  // the nth_element branch: topk_replay_kernel
+  int32_t* chunk_keys = reinterpret_cast<int32_t*>(slot + a.k + 2);
+  const float* values = a.values + row * a.stride;
+  for (int j = lane; j < k; j += kHeapThreads) slot[j + 1] = make_node(order_key(values[j]), j);
+  __syncwarp();
+  // std::make_heap: __adjust_heap from node (k - 2) / 2 down to 0. A node's step only touches its
+  // own subtree, and every node of a level comes before the level above: a level's nodes at once.
+  int top_level = 0;
+  while ((2 << top_level) - 1 <= (k - 2) / 2) ++top_level;  // the level of node (k - 2) / 2
+  for (int level = top_level; level >= 0; --level) {
+    const int lo = (1 << level) - 1, hi = min(2 * lo, (k - 2) / 2);
+    for (int p = lo + lane; p <= hi; p += kHeapThreads) sift(slot, p, k, slot[p + 1]);
+    __syncwarp();
+  }
+  // Entrants in column order, a chunk at a time, the next chunk's loads in flight meanwhile.
+  constexpr int kPer = kHeapChunk / 32;
+  float next[kPer];
+  auto load = [&](int base) {
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) {
+      const int j = base + 32 * m + lane;
+      next[m] = j < n ? values[j] : __int_as_float(0xff800000u);  // -inf: never enters (the top is >= it)
+    }
+  };
+  int32_t top = node_key(slot[1]);
+  if (k < n) load(k);
+  for (int base = k; base < n; base += kHeapChunk) {
+    int32_t most = INT32_MIN;
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) {
+      const int32_t key = order_key(next[m]);
+      chunk_keys[32 * m + lane] = key;
+      most = max(most, key);
+    }
+    if (base + kHeapChunk < n) load(base + kHeapChunk);
+    if (!__any_sync(dev::kFull, most > top)) continue;
+    __syncwarp();
+    for (int m = 0; m < kPer; ++m) {
+      const int32_t key = chunk_keys[32 * m + lane];
+      uint32_t enter = __ballot_sync(dev::kFull, key > top);
+      while (enter) {
+        const int l = __ffs(enter) - 1;
+        if (lane == 0) sift(slot, 0, k, make_node(chunk_keys[32 * m + l], base + 32 * m + l));
+        __syncwarp();
+        top = node_key(slot[1]);
+        enter &= __ballot_sync(dev::kFull, key > top) & ~((2u << l) - 1u);
+      }
+    }
+    __syncwarp();  // the chunk's keys are read before the next chunk's are written
+  }
+  int32_t* out = a.out + out_off;
+  if (a.in_select_order) {  // std::sort_heap, as torch's topk leaves the entries
+    if (lane == 0)
+      for (int last = k - 1; last > 0; --last) {
+        const uint64_t v = slot[last + 1];
+        slot[last + 1] = slot[1];
+        sift(slot, 0, last, v);
+      }
+    __syncwarp();
+    for (int j = lane; j < k; j += kHeapThreads) out[j] = static_cast<int32_t>(static_cast<uint32_t>(slot[j + 1]));
+    return;
+  }
+  // Sorted by column: each entry's place is the number of selected columns below its own.
+  for (int j = lane; j < k; j += kHeapThreads) {
+    const int col = static_cast<int>(static_cast<uint32_t>(slot[j + 1]));
+    int below = 0;
+    for (int i = 1; i <= k; ++i) below += static_cast<int>(static_cast<uint32_t>(slot[i])) < col;
+    out[below] = col >= n_vis ? -1 : col;
+  }
+}
+
 }  // namespace
 
 namespace raw {
@@ -412,9 +579,21 @@ cudaError_t topk_replay(const TopkReplayArgs& a, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     optin[dev] = limit;
   }
-  const bool resident = a.force_global ? false : smem_bytes(a.n, true) <= static_cast<size_t>(optin[dev]);
-  launch_pdl(topk_replay_kernel, static_cast<unsigned>(a.rows), kThreads, smem_bytes(a.n, resident), s, a, resident);
-  return cudaGetLastError();
+  // Rows of either branch: the nth_element rows have fewer than 64·k columns (all of them when the
+  // widest row does), the partial_sort rows 64·k or more (none when the widest row has fewer).
+  const int64_t nth_n = a.n < 64 * a.k - 1 ? a.n : 64 * a.k - 1;
+  if (nth_n >= 1 && (a.positions || a.k * 64 > a.n)) {
+    const bool resident = a.force_global ? false : smem_bytes(nth_n, true) <= static_cast<size_t>(optin[dev]);
+    launch_pdl(topk_replay_kernel, static_cast<unsigned>(a.rows), kThreads, smem_bytes(nth_n, resident), s, a,
+               resident);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (a.k * 64 <= a.n) {
+    launch_pdl(topk_heap_kernel, static_cast<unsigned>(a.rows), kHeapThreads, heap_smem_bytes(a.k), s, a);
+    e = cudaGetLastError();
+  }
+  return e;
 }
 }  // namespace raw
 

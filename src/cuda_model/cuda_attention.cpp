@@ -35,10 +35,13 @@ void select_index_row(const float* scores, int64_t T, int64_t n_vis, int64_t k, 
   for (int64_t j = 0; j < k; ++j) out[j] = sel[static_cast<size_t>(j)] >= n_vis ? -1 : sel[static_cast<size_t>(j)];
 }
 
-bool Impl::index_topk_on_device(const GpuBlock& b, int64_t span, const PassShared& shared) const {
+bool Impl::index_topk_on_device(const GpuBlock& b, int64_t span, int64_t rows, const PassShared& shared) const {
   const ModelConfig& c = cfg;
   if (!device_index_topk || !b.has_indexer || b.ratio <= 0) return false;
-  auto fits = [&](int64_t T) { return T == 0 || gpu::topk_replay_fits(T, std::min(c.index_topk, T)); };
+  auto fits = [&](int64_t T) {
+    const int64_t k = std::min(c.index_topk, T);
+    return T == 0 || (gpu::topk_replay_fits(T, k) && (k * 64 > T || rows >= kDeviceHeapRows));
+  };
   const int64_t T = span / b.ratio, src = c.candidate_source_layer_id;
   if (!fits(T)) return false;
   if (b.layer == src) {
@@ -274,7 +277,7 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
   // after it do, so the GPU computes them while the host waits for the scores and selects the
   // top-k. The same kernels on the same inputs, in another order: the results are unchanged.
   const int64_t index_cols = b.ratio > 0 && b.has_indexer ? (p.decode ? end : p.layout_end) / b.ratio : 0;
-  const bool device_topk = index_cols > 0 && index_topk_on_device(b, p.decode ? end : p.layout_end, shared);
+  const bool device_topk = index_cols > 0 && index_topk_on_device(b, p.decode ? end : p.layout_end, n, shared);
   const bool host_topk = index_cols > 0 && !device_topk;
   const bool defer_rest = p.decode && host_topk && host_point_can_defer();
   const QuantizedInput qrq = project_q_latent(b, n, xq);

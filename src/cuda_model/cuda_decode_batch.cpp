@@ -259,7 +259,7 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
   if (b.ratio > 0 && b.has_indexer)
     for (int64_t i = 0; i < n; ++i) {
       any_cols = any_cols || (pos(i) + 1) / b.ratio > 0;
-      all_on_device = all_on_device && index_topk_on_device(b, pos(i) + 1, db.shared[static_cast<size_t>(i)]);
+      all_on_device = all_on_device && index_topk_on_device(b, pos(i) + 1, n, db.shared[static_cast<size_t>(i)]);
     }
   const bool device_topk = any_cols && all_on_device;
   const bool host_topk = any_cols && !device_topk;

@@ -279,6 +279,10 @@ struct Impl {
   // layers and widths it takes (index_topk_on_device); DSV41_HOST_INDEX_TOPK=1 keeps every
   // selection on the host (A/B runs).
   bool device_index_topk = true;
+  // The partial_sort branch's replay is thousands of dependent heap steps on one GPU thread per
+  // row: ~1 ms a row at 65,536 columns against ~0.2 ms on a host thread, but all of a prefill
+  // pass's rows at once (bench/RESULTS.md): the device takes it from this many rows.
+  static constexpr int64_t kDeviceHeapRows = 64;
   // Decode steps in CUDA graphs (cuda_graph.h): graphs is null under tensor parallelism; graphs_on
   // from CudaModelOptions::cuda_graphs and DSV41_NO_GRAPHS (CudaModel::set_cuda_graphs).
   std::unique_ptr<StepGraphs> graphs;
@@ -416,10 +420,12 @@ struct Impl {
   // out [scored.n][k], indices at or beyond a row's visible entries as -1; with positions (batched
   // decode) each row has its own width and count (TopkReplayArgs::positions), scored.T the largest.
   // Whether layer b's index top-k over the columns of `span` positions (a pass's layout end, a
-  // decode row's position + 1) runs on the device: gpu::topk_replay takes the reference's
-  // nth_element branch; the candidate source only if every index layer after it can apply its mask
-  // on the device, and those layers exactly when it did (PassShared::device_candidates).
-  bool index_topk_on_device(const GpuBlock& b, int64_t span, const PassShared& shared) const;
+  // decode row's position + 1), for a pass or step of `rows` rows, runs on the device: where
+  // gpu::topk_replay takes the width, and in the reference's partial_sort branch (64·index_topk
+  // columns and more) only for kDeviceHeapRows rows or more; the candidate source only if every
+  // index layer after it can apply its mask on the device, and those layers exactly when it did
+  // (PassShared::device_candidates).
+  bool index_topk_on_device(const GpuBlock& b, int64_t span, int64_t rows, const PassShared& shared) const;
   // The candidate source's kept blocks of rows just scored into keep (gpu::candidate_blocks).
   void candidate_blocks_on_device(const ops::gpu::IndexerArgs& scored, uint8_t* keep);
   void select_index_rows_on_device(const ops::gpu::IndexerArgs& scored, int64_t k, int32_t* out,

@@ -308,12 +308,16 @@ void topk_sorted(const TopkArgs& a, cudaStream_t s) {
   launched(raw::topk_sorted(a, s), "topk_sorted launch");
 }
 
-bool topk_replay_fits(int64_t n, int64_t k) { return k >= 1 && k <= n && k * 64 > n && n <= 65535; }
+bool topk_replay_fits(int64_t n, int64_t k) {
+  if (k < 1 || k > n) return false;
+  if (k * 64 > n) return n <= 65535;  // nth_element: uint16 column indices beside the row
+  return k <= kTopkHeapMaxK && n <= INT32_MAX;  // partial_sort: a heap of k nodes in shared memory
+}
 
 void topk_replay(const TopkReplayArgs& a, cudaStream_t s) {
   DSV_CHECK(a.rows >= 0 && a.stride >= a.n && topk_replay_fits(a.n, a.k),
-            "topk_replay: rows={} n={} k={} stride={} (needs 1 <= k <= n, k*64 > n, n <= 65535)", a.rows, a.n, a.k,
-            a.stride);
+            "topk_replay: rows={} n={} k={} stride={} (needs 1 <= k <= n, and n <= 65535 when k*64 > n, else k <= {})",
+            a.rows, a.n, a.k, a.stride, kTopkHeapMaxK);
   DSV_CHECK(a.ratio >= 0 && a.pos0 >= 0 && (!a.positions || a.ratio > 0), "topk_replay: ratio={} pos0={}{}", a.ratio,
             a.pos0, a.positions ? " with positions" : "");
   DSV_CHECK(a.rows == 0 || (a.values && a.idx && a.out), "topk_replay: values, idx and out must be device pointers");

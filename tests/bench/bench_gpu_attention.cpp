@@ -360,6 +360,11 @@ int main() {
     bench_index_topk(c, 4, 16384);
     bench_index_topk(c, 2048, 4096);
     bench_index_topk(c, 2048, 16384);
+    // the partial_sort branch (64·k columns and more): decode past 32k context, prefill rows past it
+    for (int64_t T : {32768, 65536, 131072}) bench_index_topk(c, 1, T);
+    bench_index_topk(c, 4, 65536);
+    bench_index_topk(c, 64, 65536);
+    bench_index_topk(c, 2048, 65536);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu_attention: %s\n", e.what());
     return 1;

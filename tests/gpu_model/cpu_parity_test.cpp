@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -87,12 +89,22 @@ void compare_engines(const std::string& model_dir, const std::string& token_map,
   }
 }
 
-std::string mkmodel(const std::string& fixture, uint64_t seed) {
-  const std::string dir = std::string(::testing::TempDir()) + "/dsv41_gpu_parity_" + fixture + "_" + std::to_string(seed);
+// A random checkpoint of a fixture's config, with `edits` (keys of config.json) applied first.
+std::string mkmodel(const std::string& fixture, uint64_t seed, const nlohmann::json& edits = nlohmann::json::object()) {
+  const std::string tag = fixture + "_" + std::to_string(seed) + (edits.empty() ? "" : "_edited");
+  const std::string dir = std::string(::testing::TempDir()) + "/dsv41_gpu_parity_" + tag;
+  std::string config = kFixtures + "/" + fixture + "/model/config.json";
+  if (!edits.empty()) {
+    std::ifstream in(config);
+    nlohmann::json j = nlohmann::json::parse(in);
+    j.update(edits);
+    config = std::string(::testing::TempDir()) + "/dsv41_gpu_parity_" + tag + ".json";
+    std::ofstream(config) << j.dump(2);
+  }
   fs::remove_all(dir);
-  const auto r = test::run_cli("mkmodel --config " + kFixtures + "/" + fixture + "/model/config.json --format fp8 --seed " +
-                                   std::to_string(seed) + " --out " + dir,
-                               test::Stderr::kMerge);
+  const auto r = test::run_cli(
+      "mkmodel --config " + config + " --format fp8 --seed " + std::to_string(seed) + " --out " + dir,
+      test::Stderr::kMerge);
   EXPECT_EQ(r.exit_code, 0) << r.out;
   return dir;
 }
@@ -158,6 +170,26 @@ TEST(GpuModelParity, DeviceIndexSelectionMatchesTheHost) {
       EXPECT_EQ(h.greedy, d.greedy) << what;
     }
   }
+}
+
+// The reference's other top-k branch (partial_sort's heap, k·64 <= columns) inside the model: a
+// tiny-long checkpoint keeping 2 index entries and 1 candidate block, so rows of 128 columns and
+// more (index) and 256 and more (candidates) take it, on the device in passes of 64 rows and more
+// (Impl::kDeviceHeapRows), against the CPU engine and the host selection.
+TEST(GpuModelParity, HeapBranchSelectionMatchesCpuAndHost) {
+  const std::string tm = kFixtures + "/tiny-long/engram_token_map.safetensors";
+  const std::string dir = mkmodel("tiny-long", 37, {{"index_topk", 2}, {"candidate_topk_blocks", 1}});
+  const std::vector<int32_t> prompt = random_prompt(300, 512, 12);
+  compare_engines(dir, tm, prompt, 30, {0, 97}, 256, "tiny-long heap branch");
+  model::CudaModelOptions host = cuda_opts(tm, 340, 256), device = host;
+  host.host_index_topk = true;
+  auto a = model::CudaModel::load(dir, host);
+  auto b = model::CudaModel::load(dir, device);
+  const test::Run h = test::run_steps(*a, prompt, 0, 30);
+  const test::Run d = test::run_steps(*b, prompt, 0, 30);
+  EXPECT_EQ(h.prefill, d.prefill);
+  EXPECT_EQ(h.decode, d.decode);
+  EXPECT_EQ(h.greedy, d.greedy);
 }
 
 TEST(GpuModelParity, PassSizeDoesNotChangeResults) {

@@ -1,6 +1,7 @@
 // GPU parity of the index top-k replay (kernels/ops/topk_replay.cu) against the CPU engine's
 // selection (model::torch_topk_indices / topk_sorted, themselves checked against the standard
-// library in tests/model/topk_test.cpp): the same entries among ties, and, in the test mode that
+// library in tests/model/topk_test.cpp), in both of its branches (nth_element below 64·k columns,
+// partial_sort's heap from there): the same entries among ties, and, in the test mode that
 // returns positions 0..k-1 unsorted, the same order the algorithm leaves them in. Inputs are made to
 // tie (bf16 index-like scores, prefill rows with -inf tails, few distinct values) and carry NaN,
 // infinities and both zeros; one set reaches the introselect's depth-limit heap select. Each case
@@ -107,7 +108,9 @@ void check_rows(const std::vector<float>& vals, int64_t rows, int64_t n, int64_t
 TEST(GpuTopkReplay, SameEntriesAndOrderAsTheCpuEngine) {
   const std::pair<int64_t, int64_t> shapes[] = {
       {4, 1}, {5, 5}, {37, 3}, {64, 2}, {513, 17}, {2048, 512}, {4096, 512}, {16384, 512}, {32767, 512}, {65535, 1024},
-      {3000, 2999}, {60, 1}};
+      {3000, 2999}, {60, 1},
+      // the partial_sort branch (k·64 <= n), past the uint16 range too
+      {64, 1}, {200, 3}, {4096, 64}, {9000, 140}, {32768, 512}, {70001, 512}, {131072, 512}};
   const Fill fills[] = {Fill::kIndexScores, Fill::kPrefillTail, Fill::kFewValues, Fill::kDistinct, Fill::kSpecials};
   uint64_t seed = 1;
   for (const auto& [n, k] : shapes)
@@ -147,13 +150,12 @@ TEST(GpuTopkReplay, VisibilityRuleAndDepthLimitHeapSelect) {
 
 // Batched decode: each row's width is (position + 1) / ratio within a common stride (the rest of
 // the stride holds NaN, which must not count), outputs packed one after another.
-TEST(GpuTopkReplay, BatchedDecodeRowsOfTheirOwnWidth) {
-  const int64_t ratio = 2, k = 512;
-  const std::vector<int64_t> positions = {4095, 1000, 0, 2047, 3, 1500};
+void check_batched(int64_t ratio, int64_t k, const std::vector<int64_t>& positions, uint64_t seed,
+                   const std::string& what) {
   int64_t t_max = 0;
   for (int64_t p : positions) t_max = std::max(t_max, (p + 1) / ratio);
   const int64_t rows = static_cast<int64_t>(positions.size());
-  Rng rng(91);
+  Rng rng(seed);
   std::vector<float> v(static_cast<size_t>(rows * t_max), std::numeric_limits<float>::quiet_NaN());
   std::vector<int32_t> want;
   for (int64_t r = 0; r < rows; ++r) {
@@ -177,22 +179,31 @@ TEST(GpuTopkReplay, BatchedDecodeRowsOfTheirOwnWidth) {
   a.positions = dpos.as<int64_t>();
   a.out = dout.as<int32_t>();
   gpu::topk_replay(a, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_guards("batched idx", didx);
-  expect_guards("batched out", dout);
-  expect_equal("replay batched decode rows", dout.host<int32_t>(), want);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  expect_guards(what + " idx", didx);
+  expect_guards(what + " out", dout);
+  expect_equal(what, dout.host<int32_t>(), want);
 }
 
-TEST(GpuTopkReplay, RejectsShapesOutsideTheNthElementBranch) {
-  EXPECT_FALSE(gpu::topk_replay_fits(32768, 512));  // k·64 <= n: the reference's partial_sort branch
-  EXPECT_FALSE(gpu::topk_replay_fits(70000, 2000));  // beyond the uint16 index scratch
+TEST(GpuTopkReplay, BatchedDecodeRowsOfTheirOwnWidth) {
+  check_batched(2, 512, {4095, 1000, 0, 2047, 3, 1500}, 91, "replay batched decode rows");
+  // long contexts: rows of both branches in one call (32,768 columns and more take partial_sort)
+  check_batched(1, 512, {40000, 1000, 32767, 70000, 0, 5, 32766}, 92, "replay batched decode rows, both branches");
+}
+
+TEST(GpuTopkReplay, RejectsShapesOutsideBothBranches) {
+  EXPECT_FALSE(gpu::topk_replay_fits(70000, 2000));  // nth_element past the uint16 index scratch
+  EXPECT_FALSE(gpu::topk_replay_fits(64 * 5000, 5000));  // partial_sort: a heap past shared memory's share
   EXPECT_FALSE(gpu::topk_replay_fits(10, 0));
+  EXPECT_FALSE(gpu::topk_replay_fits(10, 11));
   EXPECT_TRUE(gpu::topk_replay_fits(32767, 512));
+  EXPECT_TRUE(gpu::topk_replay_fits(32768, 512));
+  EXPECT_TRUE(gpu::topk_replay_fits(1 << 20, 512));
   gpu::TopkReplayArgs a;
   a.rows = 1;
-  a.n = 32768;
-  a.stride = 32768;
-  a.k = 512;
+  a.n = 70000;
+  a.stride = 70000;
+  a.k = 2000;
   EXPECT_THROW(gpu::topk_replay(a, nullptr), Error);
 }
 

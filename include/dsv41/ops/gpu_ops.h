@@ -51,7 +51,9 @@ void engram_gate(const EngramGateArgs& a, cudaStream_t s);
 void indexer_scores(const IndexerArgs& a, cudaStream_t s);
 void topk_sorted(const TopkArgs& a, cudaStream_t s);
 // The k entries model::topk_sorted keeps, tie order included, for the shapes topk_replay_fits
-// takes (its nth_element branch, k·64 > n, with n <= 65535); consumes the values (TopkReplayArgs).
+// takes: its nth_element branch (k·64 > n) up to n = 65535, its partial_sort branch (k·64 <= n)
+// up to k = kTopkHeapMaxK; may consume the values (TopkReplayArgs).
+constexpr int64_t kTopkHeapMaxK = 4096;
 bool topk_replay_fits(int64_t n, int64_t k);
 void topk_replay(const TopkReplayArgs& a, cudaStream_t s);
 // The candidate source's kept blocks (model::candidate_mask's blocks, the block top-k by

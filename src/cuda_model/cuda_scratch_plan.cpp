@@ -42,11 +42,11 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
   p.slicing = index_score_slicing(m, p.t_max, in.score_slice_bytes);
   const int64_t tk = std::max<int64_t>(1, c.index_topk);
   // The device selects rows of any width (gpu::topk_replay_fits: both branches of the reference's
-  // top-k), but keeps candidate masks only for sources of up to 131,072 columns (128k context at
-  // ratio 1: 16,384 blocks, m bytes each) or 64·index_topk - 1 if wider; wider sources select
-  // their candidates on the host (Impl::index_topk_on_device).
+  // top-k), but keeps candidate masks only for sources of up to kDeviceCandidateColumns (16,384
+  // blocks of the released config, m bytes each); wider sources select their candidates on the
+  // host (Impl::index_topk_on_device).
   if (c.candidate_source_layer_id >= 0 && c.candidate_block_size >= 1) {
-    const int64_t widest = std::min(p.t_max, std::max<int64_t>(64 * tk - 1, 131072));
+    const int64_t widest = std::min(p.t_max, std::max(64 * tk - 1, kDeviceCandidateColumns));
     p.cand_blocks = std::max<int64_t>(1, (widest + c.candidate_block_size - 1) / c.candidate_block_size);
     p.cand_topk = std::max<int64_t>(1, std::min(c.candidate_topk_blocks, p.cand_blocks));
   }

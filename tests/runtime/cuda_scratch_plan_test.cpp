@@ -108,7 +108,7 @@ TEST(CudaScratchPlan, PieceSizes) {
   EXPECT_EQ(one.cand_blocks, (8192 + c.candidate_block_size - 1) / c.candidate_block_size);
   EXPECT_EQ(one.at(ScratchPiece::kCandKeep).bytes, m * one.cand_blocks);
   const ScratchPlan far = plan(c, m, int64_t{1} << 20);
-  EXPECT_EQ(far.cand_blocks, (131072 + c.candidate_block_size - 1) / c.candidate_block_size);
+  EXPECT_EQ(far.cand_blocks, (model::kDeviceCandidateColumns + c.candidate_block_size - 1) / c.candidate_block_size);
   EXPECT_EQ(far.at(ScratchPiece::kCandKeep).bytes, m * far.cand_blocks);
   EXPECT_EQ(one.at(ScratchPiece::kBlockSel).bytes, one.cand_rows * std::min(c.candidate_topk_blocks, one.cand_blocks) * 4);
   EXPECT_THROW(plan(c, 0, 8192), Error);

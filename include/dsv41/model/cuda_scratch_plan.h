@@ -57,6 +57,10 @@ struct ScratchPlanInputs {
 };
 
 inline constexpr int64_t kScratchAlign = 256;
+// Candidate masks made on the device cover candidate sources of up to this many score columns
+// (128k context at ratio 1), or 64·index_topk - 1 if more; wider sources select on the host. The
+// masks take m bytes per block, so the cap bounds them at long contexts.
+inline constexpr int64_t kDeviceCandidateColumns = 131072;
 
 struct ScratchPlan {
   int64_t m = 0, t_max = 1, logit_rows = 0;

@@ -39,50 +39,75 @@ struct Ranked {
 inline bool above(const Ranked& a, const Ranked& b) { return a.key > b.key; }
 
 // A new entry replaces the heap's top (the lowest-ranked of the k kept): the standard library's
-// pop-heap step with a value, i.e. the hole at the root is walked down to a leaf along the
-// higher-ranked children (the right one unless the left ranks above it, a lone last child taken at
-// the end) and the new entry then climbs back up while its parent ranks below it. This exact walk
-// (not a sift-down that stops early) decides where exactly tied entries sit, hence which of them a
-// later replacement evicts: the reference's tie order.
+// pop-heap step with a value walks the hole at the root down to a leaf along the lower-ranked
+// children (the right one unless the left ranks lower, a lone last child taken at the end) and
+// lets the new entry climb back while its parent ranks below it. That exact walk decides where
+// tied entries sit, hence which of them a later replacement evicts: the reference's tie order.
+// Keys never decrease down the walk, so the entry ends right below the walk's last node whose key
+// is <= its own: this walks the same path from the top and stops at the first child whose key is
+// above the entry's, the same layout without the climb. Where a hole's great-grandchildren all
+// exist, the 14 nodes of three levels are read at once and the path through them picked from
+// loaded values (the reads do not wait on the picks).
 void replace_top(Ranked* h, int64_t len, Ranked v) {
-  int64_t hole = 0, child = 0;
-  while (child < (len - 1) / 2) {
-    child = 2 * (child + 1);
-    child -= above(h[child], h[child - 1]);
-    h[hole] = h[child];
-    hole = child;
-  }
-  if ((len & 1) == 0 && child == (len - 2) / 2) {
-    child = 2 * (child + 1);
-    h[hole] = h[child - 1];
-    hole = child - 1;
-  }
-  int64_t parent = (hole - 1) / 2;
-  while (hole > 0 && above(h[parent], v)) {
-    h[hole] = h[parent];
-    hole = parent;
-    parent = (hole - 1) / 2;
+  int64_t hole = 0;
+  for (;;) {
+    if (8 * hole + 14 < len) {
+      const Ranked* c = h + 2 * hole + 1;  // children, grandchildren, great-grandchildren: runs of 2, 4, 8
+      const Ranked* g = h + 4 * hole + 3;
+      const Ranked* e = h + 8 * hole + 7;
+      const int l1 = c[1].key > c[0].key ? 0 : 1;  // 0: the left child
+      if (c[l1].key > v.key) break;
+      h[hole] = c[l1];
+      hole = 2 * hole + 1 + l1;
+      const Ranked* g2 = g + 2 * l1;
+      const int l2 = g2[1].key > g2[0].key ? 0 : 1;
+      if (g2[l2].key > v.key) break;
+      h[hole] = g2[l2];
+      hole = 2 * hole + 1 + l2;
+      const Ranked* e3 = e + 4 * l1 + 2 * l2;
+      const int l3 = e3[1].key > e3[0].key ? 0 : 1;
+      if (e3[l3].key > v.key) break;
+      h[hole] = e3[l3];
+      hole = 2 * hole + 1 + l3;
+    } else {
+      const int64_t right = 2 * hole + 2;
+      if (right > len) break;  // no children
+      const int64_t child = right == len ? right - 1 : right - (h[right].key > h[right - 1].key);
+      if (h[child].key > v.key) break;
+      h[hole] = h[child];
+      hole = child;
+    }
   }
   h[hole] = v;
 }
 
-// std::partial_sort's selection phase over (values[j], j): a heap of the first k entries, then
-// every later entry that ranks above the heap's top replaces it, in index order. Returns the heap
-// (the k selected entries in the standard library's heap layout). Most entries are rejected by a
-// four-lane compare against the top's value over runs of 64 (vector extensions of GCC and Clang:
-// SSE on x86-64, NEON on ARM64); a run holding a candidate is walked one entry at a time.
+// 64 flags of 0 or 1 into a word, bit j = f[j]: per 8 bytes, the multiply moves byte j's bit
+// to bit 56 + j without carries into the top byte.
+inline uint64_t pack_flags(const uint8_t* f) {
+  uint64_t out = 0;
+  for (int g = 0; g < 8; ++g) {
+    uint64_t x;
+    std::memcpy(&x, f + 8 * g, 8);
+    out |= ((x * 0x0102040810204080ull) >> 56) << (8 * g);
+  }
+  return out;
+}
+
+// std::partial_sort's selection phase over (values[j], j): a heap of the first k entries, then every
+// later entry that ranks above the heap's top replaces it, in index order. Returns the heap (the k
+// selected entries in the standard library's heap layout). Runs of 64 entries are compared with
+// the top's value at once (byte flags, vectorised, packed into a word); only the entries not below
+// it are visited, by their set bits, and tested exactly (the top only rises, so an entry below an
+// older top stays out).
 std::vector<Ranked> heap_select(const float* x, int64_t n, int64_t k) {
   std::vector<Ranked> h(static_cast<size_t>(k));
   for (int64_t j = 0; j < k; ++j) h[static_cast<size_t>(j)] = {order_key(x[j]), static_cast<int32_t>(j)};
   std::make_heap(h.begin(), h.end(), above);
-  typedef float f32x4 __attribute__((vector_size(16)));
-  typedef int32_t i32x4 __attribute__((vector_size(16)));
   constexpr int64_t kRun = 64;
   // An entry can enter only if it is not below the top's value (a NaN top: nothing is below it, and
   // the key test then rejects everything, as the reference's comparison does).
   float top = key_value(h[0].key);
   auto visit = [&](int64_t e) {
-    if (x[e] < top) return;
     const int32_t key = order_key(x[e]);
     if (key > h[0].key) {
       replace_top(h.data(), k, {key, static_cast<int32_t>(e)});
@@ -91,19 +116,12 @@ std::vector<Ranked> heap_select(const float* x, int64_t n, int64_t k) {
   };
   int64_t i = k;
   for (; i + kRun <= n; i += kRun) {
-    const f32x4 t = {top, top, top, top};
-    i32x4 below = {-1, -1, -1, -1};
-    for (int64_t j = 0; j < kRun; j += 4) {
-      f32x4 v;
-      std::memcpy(&v, x + i + j, 16);
-      below &= (v < t);
-    }
-    uint64_t w[2];
-    std::memcpy(w, &below, 16);
-    if ((w[0] & w[1]) == ~uint64_t{0}) continue;
-    for (int64_t e = i; e < i + kRun; ++e) visit(e);
+    uint8_t in[kRun];
+    for (int64_t j = 0; j < kRun; ++j) in[j] = !(x[i + j] < top);
+    for (uint64_t bits = pack_flags(in); bits; bits &= bits - 1) visit(i + std::countr_zero(bits));
   }
-  for (; i < n; ++i) visit(i);
+  for (; i < n; ++i)
+    if (!(x[i] < top)) visit(i);
   return h;
 }
 
@@ -195,17 +213,6 @@ class Introselect {
       stop_left_[static_cast<size_t>(w)] = l;
       stop_right_[static_cast<size_t>(w)] = r;
     }
-  }
-  // 64 flags of 0 or 1 into a word, bit j = f[j]: per 8 bytes, the multiply moves byte j's bit
-  // to bit 56 + j without carries into the top byte.
-  static uint64_t pack_flags(const uint8_t* f) {
-    uint64_t out = 0;
-    for (int g = 0; g < 8; ++g) {
-      uint64_t x;
-      std::memcpy(&x, f + 8 * g, 8);
-      out |= ((x * 0x0102040810204080ull) >> 56) << (8 * g);
-    }
-    return out;
   }
 
   // The library's unguarded partition of [lo, hi) around pivot key p (held at lo - 1): the left

@@ -280,9 +280,9 @@ struct Impl {
   // selection on the host (A/B runs).
   bool device_index_topk = true;
   // The partial_sort branch's replay is thousands of dependent heap steps on one GPU thread per
-  // row: ~1.5 ms a row at 65,536 columns, ~1.9 ms for 2,048 rows at once, against ~0.18 ms per
+  // row: ~1.5 ms a row at 65,536 columns, ~1.9 ms for 2,048 rows at once, against ~0.14 ms per
   // row on each host thread plus the scores' download (bench/RESULTS.md): at 64 rows the host's
-  // threads still win, from ~128 the device does, so it takes the branch from this many rows.
+  // threads win, at a pass's 2,048 the device does by far; it takes the branch from this many rows.
   static constexpr int64_t kDeviceHeapRows = 128;
   // Decode steps in CUDA graphs (cuda_graph.h): graphs is null under tensor parallelism; graphs_on
   // from CudaModelOptions::cuda_graphs and DSV41_NO_GRAPHS (CudaModel::set_cuda_graphs).

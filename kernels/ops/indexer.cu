@@ -271,8 +271,11 @@ __global__ void block_scores_kernel(CandidateArgs a, int64_t nb) {
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     a.block_scores[idx] = block_score(a, idx / nb, idx % nb);
-    a.keep[idx] = 0;
   }
+  const int64_t words = a.n * keep_words(nb);
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < words;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    a.keep[idx] = 0;
 }
 
 // A selected block is kept unless its score is -inf (recomputed from the scores: the selection
@@ -284,7 +287,7 @@ __global__ void keep_kernel(CandidateArgs a, int64_t nb, int64_t k) {
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = idx / k;
     const int32_t b = a.block_sel[idx];
-    if (b >= 0 && block_score(a, t, b) > -INFINITY) a.keep[t * nb + b] = 1;
+    if (b >= 0 && block_score(a, t, b) > -INFINITY) atomicOr(&a.keep[t * keep_words(nb) + b / 32], 1u << (b % 32));
   }
 }
 
@@ -294,8 +297,8 @@ __global__ void candidate_mask_kernel(CandidateMaskArgs a) {
   const int64_t total = a.n * lim;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = idx / lim, u = idx % lim;
-    if (!a.keep[t * nb + u / a.block_size]) a.scores[t * a.T + u] = -INFINITY;
+    const int64_t t = idx / lim, b = idx % lim / a.block_size;
+    if (!(a.keep[t * keep_words(nb) + b / 32] >> (b % 32) & 1u)) a.scores[t * a.T + idx % lim] = -INFINITY;
   }
 }
 

@@ -282,11 +282,13 @@ struct CandidateArgs {
   float* block_scores = nullptr;  // [n][ceil(T/block_size)] scratch
   uint16_t* block_idx = nullptr;  // [n][nb] scratch of the block selection (TopkReplayArgs::idx)
   int32_t* block_sel = nullptr;   // [n][min(topk_blocks, nb)] scratch
-  uint8_t* keep = nullptr;        // [n][nb] result: block kept
+  uint32_t* keep = nullptr;       // [n][keep_words(nb)] result: bit b % 32 of word b / 32 = block b kept
 };
+// 32-bit words of one row's kept-block bits.
+__host__ __device__ constexpr int64_t keep_words(int64_t blocks) { return (blocks + 31) / 32; }
 struct CandidateMaskArgs {
   float* scores = nullptr;  // [n][T], entries of dropped blocks set to -inf
-  const uint8_t* keep = nullptr;
+  const uint32_t* keep = nullptr;  // [n][keep_words(ceil(width / block_size))]
   int64_t n = 0, T = 0, width = 0, block_size = 0;  // width: T of the candidate source
 };
 

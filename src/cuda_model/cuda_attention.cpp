@@ -38,15 +38,21 @@ void select_index_row(const float* scores, int64_t T, int64_t n_vis, int64_t k, 
 bool Impl::index_topk_on_device(const GpuBlock& b, int64_t span, int64_t rows, const PassShared& shared) const {
   const ModelConfig& c = cfg;
   if (!device_index_topk || !b.has_indexer || b.ratio <= 0) return false;
+  // Rows of one selection launch: the rows of a score slice (Impl::attention; the candidate
+  // source's block selection at most cand_rows of them).
+  auto launch_rows = [&](int64_t T) { return std::min(rows, std::max<int64_t>(1, sc.score_slice_floats / T)); };
   auto fits = [&](int64_t T) {
     const int64_t k = std::min(c.index_topk, T);
-    return T == 0 || (gpu::topk_replay_fits(T, k) && (k * 64 > T || rows >= kDeviceHeapRows));
+    return T == 0 || (gpu::topk_replay_fits(T, k) && (k * 64 > T || launch_rows(T) >= kDeviceHeapRows));
   };
   const int64_t T = span / b.ratio, src = c.candidate_source_layer_id;
   if (!fits(T)) return false;
   if (b.layer == src) {
     const int64_t nb = (T + c.candidate_block_size - 1) / c.candidate_block_size;
-    if (nb > sc.cand_blocks || (T > 0 && !gpu::topk_replay_fits(nb, std::min(c.candidate_topk_blocks, nb)))) return false;
+    const int64_t kb = std::min(c.candidate_topk_blocks, nb);
+    if (nb > sc.cand_blocks) return false;
+    if (T > 0 && !gpu::topk_replay_fits(nb, kb)) return false;
+    if (T > 0 && kb * 64 <= nb && std::min(launch_rows(T), sc.cand_rows) < kDeviceHeapRows) return false;
     for (const GpuBlock& later : blocks)
       if (later.layer > b.layer && later.has_indexer && later.ratio > 0 && !fits(span / later.ratio)) return false;
     return true;
@@ -55,7 +61,7 @@ bool Impl::index_topk_on_device(const GpuBlock& b, int64_t span, int64_t rows, c
   return true;
 }
 
-void Impl::candidate_blocks_on_device(const gpu::IndexerArgs& scored, uint8_t* keep) {
+void Impl::candidate_blocks_on_device(const gpu::IndexerArgs& scored, uint32_t* keep) {
   const ModelConfig& c = cfg;
   DSV_ASSERT(scored.n <= sc.cand_rows, "candidate blocks: {} rows exceed the block scratch's {}", scored.n, sc.cand_rows);
   gpu::CandidateArgs a;
@@ -360,10 +366,11 @@ void Impl::attention(const GpuBlock& b, CudaSeqState& st, PassShared& shared, co
             sa.start = start + r0;
             sa.scores = sc.scores;
             gpu::indexer_scores(sa, stream);
-            if (is_cand_src) candidate_blocks_on_device(sa, sc.cand_keep + r0 * ((T + bsz - 1) / bsz));
+            if (is_cand_src) candidate_blocks_on_device(sa, sc.cand_keep + r0 * gpu::keep_words((T + bsz - 1) / bsz));
             if (masked) {
               const int64_t width = shared.candidate_cols;
-              gpu::CandidateMaskArgs cm{sa.scores, sc.cand_keep + r0 * ((width + bsz - 1) / bsz), sa.n, T, width, bsz};
+              const uint32_t* keep = sc.cand_keep + r0 * gpu::keep_words((width + bsz - 1) / bsz);
+              gpu::CandidateMaskArgs cm{sa.scores, keep, sa.n, T, width, bsz};
               gpu::candidate_mask(cm, stream);
             }
             select_index_rows_on_device(sa, k, sc.topk + r0 * k);

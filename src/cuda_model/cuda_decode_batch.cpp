@@ -367,7 +367,7 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
           gpu::indexer_scores(ia, stream);
           if (!device_topk) return;
           const PassShared& shared = db.shared[u];
-          uint8_t* keep = sc.cand_keep + i * sc.cand_blocks;
+          uint32_t* keep = sc.cand_keep + i * gpu::keep_words(sc.cand_blocks);
           if (is_cand_src) {
             candidate_blocks_on_device(ia, keep);
           } else if (shared.device_candidates) {

@@ -160,11 +160,11 @@ struct Scratch {
   float *c_a = nullptr, *c_g = nullptr, *c_latent = nullptr, *c_work = nullptr;
   float *qi = nullptr, *iw = nullptr, *scores = nullptr;
   uint16_t* score_idx = nullptr;  // [score_slice_floats]: gpu::topk_replay's index scratch
-  // Candidate blocks made on the device: cand_keep [m][cand_blocks] (a row's kept blocks, at the
-  // stride of its source width's blocks, or of cand_blocks under batched decode), and the block
-  // scoring's scratch for cand_rows rows.
+  // Candidate blocks made on the device: cand_keep [m][keep_words(cand_blocks)] (a row's kept
+  // blocks as bits, at the stride of its source width's blocks' words, or of cand_blocks' words
+  // under batched decode), and the block scoring's scratch for cand_rows rows.
   int64_t cand_blocks = 1, cand_rows = 1;
-  uint8_t* cand_keep = nullptr;
+  uint32_t* cand_keep = nullptr;
   float* block_scores = nullptr;
   uint16_t* block_idx = nullptr;
   int32_t* block_sel = nullptr;
@@ -282,7 +282,8 @@ struct Impl {
   // The partial_sort branch's replay is thousands of dependent heap steps on one GPU thread per
   // row: ~1.5 ms a row at 65,536 columns, ~1.9 ms for 2,048 rows at once, against ~0.14 ms per
   // row on each host thread plus the scores' download (bench/RESULTS.md): at 64 rows the host's
-  // threads win, at a pass's 2,048 the device does by far; it takes the branch from this many rows.
+  // threads win, at a pass's 2,048 the device does by far; it takes the branch from this many
+  // rows per launch (a score slice's rows: a pass selects slice by slice).
   static constexpr int64_t kDeviceHeapRows = 128;
   // Decode steps in CUDA graphs (cuda_graph.h): graphs is null under tensor parallelism; graphs_on
   // from CudaModelOptions::cuda_graphs and DSV41_NO_GRAPHS (CudaModel::set_cuda_graphs).
@@ -423,12 +424,13 @@ struct Impl {
   // Whether layer b's index top-k over the columns of `span` positions (a pass's layout end, a
   // decode row's position + 1), for a pass or step of `rows` rows, runs on the device: where
   // gpu::topk_replay takes the width, and in the reference's partial_sort branch (64·index_topk
-  // columns and more) only for kDeviceHeapRows rows or more; the candidate source only if every
+  // columns and more) only where a launch (a score slice) holds kDeviceHeapRows rows or more, for
+  // the index rows and for the candidate source's blocks alike; the candidate source only if every
   // index layer after it can apply its mask on the device, and those layers exactly when it did
   // (PassShared::device_candidates).
   bool index_topk_on_device(const GpuBlock& b, int64_t span, int64_t rows, const PassShared& shared) const;
   // The candidate source's kept blocks of rows just scored into keep (gpu::candidate_blocks).
-  void candidate_blocks_on_device(const ops::gpu::IndexerArgs& scored, uint8_t* keep);
+  void candidate_blocks_on_device(const ops::gpu::IndexerArgs& scored, uint32_t* keep);
   void select_index_rows_on_device(const ops::gpu::IndexerArgs& scored, int64_t k, int32_t* out,
                                    const int64_t* positions = nullptr);
   HostPhaseTimer::Clock::time_point index_score_slices(

@@ -43,8 +43,8 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
   const int64_t tk = std::max<int64_t>(1, c.index_topk);
   // The device selects rows of any width (gpu::topk_replay_fits: both branches of the reference's
   // top-k), but keeps candidate masks only for sources of up to kDeviceCandidateColumns (16,384
-  // blocks of the released config, m bytes each); wider sources select their candidates on the
-  // host (Impl::index_topk_on_device).
+  // blocks of the released config, a bit each per row); wider sources select their candidates on
+  // the host (Impl::index_topk_on_device).
   if (c.candidate_source_layer_id >= 0 && c.candidate_block_size >= 1) {
     const int64_t widest = std::min(p.t_max, std::max(64 * tk - 1, kDeviceCandidateColumns));
     p.cand_blocks = std::max<int64_t>(1, (widest + c.candidate_block_size - 1) / c.candidate_block_size);
@@ -95,7 +95,7 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
       // (PassShared::topk_len; batched decode: DecodeBatch::topk_off)
       {P::kTopk, S::kCommon, m * tk * 4},
       // the candidate source's kept blocks, applied by the index layers after it (device masks)
-      {P::kCandKeep, S::kCommon, m * p.cand_blocks},
+      {P::kCandKeep, S::kCommon, m * ((p.cand_blocks + 31) / 32) * 4},  // gpu::keep_words per row
       // ---- attention: from the q latent to wo_b's output in y (DSpark stages the same); the host's
       // score reads and top-k writes go through pinned copies, in stream order ----
       {P::kQr, S::kAttention, m * qlr * f},

@@ -184,71 +184,78 @@ TEST(GpuOps, TopkTiesValid) {
 }
 
 TEST(GpuOps, CandidateBlocksAndMask) {
-  for (const Shapes& s : shape_sets()) {
-    const ModelConfig& c = s.cfg;
-    const bool real = s.name == "real";
-    const int64_t bsz = c.candidate_block_size, top_blocks = c.candidate_topk_blocks, n = 2, ratio = 1;
-    // more blocks than the keep budget, so the block top-k decides
-    const int64_t T = (top_blocks + top_blocks / 4 + 3) * bsz + 5, start = T - 40;
-    const int64_t nb = (T + bsz - 1) / bsz;
-    const std::string what = s.name + " candidates T=" + std::to_string(T);
-    SCOPED_TRACE(what);
-    Rng rng(3);
-    std::vector<float> sc(static_cast<size_t>(n * T)), other(static_cast<size_t>(n * T));
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t n_vis = (start + t + 1) / ratio;
-      for (int64_t u = 0; u < T; ++u) {
-        // relu'd bf16 index scores: tied block maxima, which the exact block selection must order
-        sc[t * T + u] = u < n_vis ? bf16_round(std::max(0.0f, rng.normal(1.0f)) * 0.25f) : kNegInf;
-        other[t * T + u] = u < n_vis ? rng.normal(1.0f) : kNegInf;
+  for (const Shapes& s : shape_sets())
+    for (bool heap : {false, true}) {
+      const ModelConfig& c = s.cfg;
+      const bool real = s.name == "real";
+      const int64_t bsz = c.candidate_block_size, top_blocks = c.candidate_topk_blocks, n = 2, ratio = 1;
+      // more blocks than the keep budget, so the block top-k decides; 64 times as many: the
+      // reference's partial_sort branch (a 1M context at ratio 1 in the released config)
+      const int64_t T = ((heap ? 64 * top_blocks : top_blocks + top_blocks / 4) + 3) * bsz + 5, start = T - 40;
+      const int64_t nb = (T + bsz - 1) / bsz;
+      const std::string what = s.name + " candidates T=" + std::to_string(T) + (heap ? " (partial_sort)" : "");
+      SCOPED_TRACE(what);
+      Rng rng(3);
+      std::vector<float> sc(static_cast<size_t>(n * T)), other(static_cast<size_t>(n * T));
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t n_vis = (start + t + 1) / ratio;
+        for (int64_t u = 0; u < T; ++u) {
+          // relu'd bf16 index scores: tied block maxima, which the exact block selection must order
+          sc[t * T + u] = u < n_vis ? bf16_round(std::max(0.0f, rng.normal(1.0f)) * 0.25f) : kNegInf;
+          other[t * T + u] = u < n_vis ? rng.normal(1.0f) : kNegInf;
+        }
       }
+      // reference: candidate_mask of attention.cpp, then the masking of a later index layer
+      std::vector<float> want = other;
+      std::vector<uint8_t> want_keep(static_cast<size_t>(n * nb));
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t n_vis = (start + t + 1) / ratio;
+        std::vector<float> bs(static_cast<size_t>(nb), kNegInf);
+        for (int64_t u = 0; u < T; ++u) bs[u / bsz] = std::max(bs[u / bsz], sc[t * T + u]);
+        const int64_t last = n_vis > 0 ? (n_vis - 1) / bsz : -1;
+        if (last >= 0 && last < nb) bs[last] = std::numeric_limits<float>::infinity();
+        for (int32_t b : topk_sorted_ref(bs, std::min(top_blocks, nb)))
+          if (bs[b] > kNegInf) want_keep[t * nb + b] = 1;
+        for (int64_t u = 0; u < T; ++u)
+          if (!want_keep[t * nb + u / bsz]) want[t * T + u] = kNegInf;
+      }
+      const int64_t kb = std::min(top_blocks, nb);
+      DeviceBuffer dsc = DeviceBuffer::from(sc), dbs(static_cast<size_t>(n * nb) * 4),
+          dsel(static_cast<size_t>(n * kb) * 4), didx(static_cast<size_t>(n * nb) * 2);
+      const int64_t words = gpu::keep_words(nb);
+      std::vector<uint32_t> want_bits(static_cast<size_t>(n * words), 0);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t b = 0; b < nb; ++b)
+          if (want_keep[t * nb + b]) want_bits[t * words + b / 32] |= 1u << (b % 32);
+      Guarded dkeep(static_cast<size_t>(n * words) * 4, 0x5A), dother = Guarded::from(other);
+      gpu::CandidateArgs a;
+      a.scores = dsc.as<float>();
+      a.n = n;
+      a.T = T;
+      a.start = start;
+      a.ratio = ratio;
+      a.topk_blocks = top_blocks;
+      a.block_size = bsz;
+      a.block_scores = dbs.as<float>();
+      a.block_idx = didx.as<uint16_t>();
+      a.block_sel = dsel.as<int32_t>();
+      a.keep = dkeep.as<uint32_t>();
+      gpu::candidate_blocks(a, nullptr);
+      gpu::CandidateMaskArgs m;
+      m.scores = dother.as<float>();
+      m.keep = dkeep.as<uint32_t>();
+      m.n = n;
+      m.T = T;
+      m.width = T;
+      m.block_size = bsz;
+      gpu::candidate_mask(m, nullptr);
+      sync_ok();
+      expect_equal(what + " keep", dkeep.host<uint32_t>(), want_bits);
+      expect_equal(what + " masked scores", dother.host<float>(), want);
+      expect_guards(what, dkeep);
+      expect_guards(what, dother);
+      if (real) report_time(what + " blocks n=2", time_us([&] { gpu::candidate_blocks(a, nullptr); }));
     }
-    // reference: candidate_mask of attention.cpp, then the masking of a later index layer
-    std::vector<float> want = other;
-    std::vector<uint8_t> want_keep(static_cast<size_t>(n * nb));
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t n_vis = (start + t + 1) / ratio;
-      std::vector<float> bs(static_cast<size_t>(nb), kNegInf);
-      for (int64_t u = 0; u < T; ++u) bs[u / bsz] = std::max(bs[u / bsz], sc[t * T + u]);
-      const int64_t last = n_vis > 0 ? (n_vis - 1) / bsz : -1;
-      if (last >= 0 && last < nb) bs[last] = std::numeric_limits<float>::infinity();
-      for (int32_t b : topk_sorted_ref(bs, std::min(top_blocks, nb)))
-        if (bs[b] > kNegInf) want_keep[t * nb + b] = 1;
-      for (int64_t u = 0; u < T; ++u)
-        if (!want_keep[t * nb + u / bsz]) want[t * T + u] = kNegInf;
-    }
-    const int64_t kb = std::min(top_blocks, nb);
-    DeviceBuffer dsc = DeviceBuffer::from(sc), dbs(static_cast<size_t>(n * nb) * 4), dsel(static_cast<size_t>(n * kb) * 4),
-        didx(static_cast<size_t>(n * nb) * 2);
-    Guarded dkeep(static_cast<size_t>(n * nb), 0x5A), dother = Guarded::from(other);
-    gpu::CandidateArgs a;
-    a.scores = dsc.as<float>();
-    a.n = n;
-    a.T = T;
-    a.start = start;
-    a.ratio = ratio;
-    a.topk_blocks = top_blocks;
-    a.block_size = bsz;
-    a.block_scores = dbs.as<float>();
-    a.block_idx = didx.as<uint16_t>();
-    a.block_sel = dsel.as<int32_t>();
-    a.keep = dkeep.as<uint8_t>();
-    gpu::candidate_blocks(a, nullptr);
-    gpu::CandidateMaskArgs m;
-    m.scores = dother.as<float>();
-    m.keep = dkeep.as<uint8_t>();
-    m.n = n;
-    m.T = T;
-    m.width = T;
-    m.block_size = bsz;
-    gpu::candidate_mask(m, nullptr);
-    sync_ok();
-    expect_equal(what + " keep", dkeep.host<uint8_t>(), want_keep);
-    expect_equal(what + " masked scores", dother.host<float>(), want);
-    expect_guards(what, dkeep);
-    expect_guards(what, dother);
-    if (real) report_time(what + " blocks n=2", time_us([&] { gpu::candidate_blocks(a, nullptr); }));
-  }
 }
 
 // Sparse attention over a window pool and a compressed pool; decode (per-query pools, ring-order

@@ -124,14 +124,15 @@ TEST(CudaBudget, ScoreRowsAreSlicedAtLongContexts) {
   const int64_t short_ctx = 256;  // every pass's score rows fit one slice there
   // Growth with context: the two score slices and what is sized by them (the candidate source's
   // block scores of a slice's rows), the per-row buffers of one score row, and the candidate masks
-  // (m bytes per block), which stop growing at kDeviceCandidateColumns. Unsliced score rows would
-  // add m x ctx x 4 bytes.
+  // (a bit per block and row), which stop growing at kDeviceCandidateColumns. Unsliced score rows
+  // would add m x ctx x 4 bytes.
   const uint64_t mask_blocks =
       uint64_t(model::kDeviceCandidateColumns + c.candidate_block_size - 1) / uint64_t(c.candidate_block_size);
+  const uint64_t mask_row_bytes = (mask_blocks + 31) / 32 * 4;
   for (int64_t m : {64, 512, 2048}) {
     const uint64_t grown = cuda_scratch_bytes(c, m, ctx) - cuda_scratch_bytes(c, m, short_ctx);
     EXPECT_LE(grown, uint64_t(4) * uint64_t(model::kIndexScoreSliceBytes) + uint64_t(2) * uint64_t(ctx) * 4 +
-                         uint64_t(m) * mask_blocks)
+                         uint64_t(m) * mask_row_bytes)
         << m;
     // past the cap a context twice as long adds at most score-row-sized buffers
     const int64_t further = static_cast<int64_t>(cuda_scratch_bytes(c, m, 2 * ctx)) -

@@ -106,10 +106,10 @@ TEST(CudaScratchPlan, PieceSizes) {
   EXPECT_EQ(one.at(ScratchPiece::kScoreIdx).bytes, one.slicing.slice_floats() * 2);  // uint16 per score of a slice
   // candidate masks on the device: blocks of the context's widest source row, up to 131,072 columns
   EXPECT_EQ(one.cand_blocks, (8192 + c.candidate_block_size - 1) / c.candidate_block_size);
-  EXPECT_EQ(one.at(ScratchPiece::kCandKeep).bytes, m * one.cand_blocks);
-  const ScratchPlan far = plan(c, m, int64_t{1} << 20);
+  EXPECT_EQ(one.at(ScratchPiece::kCandKeep).bytes, m * ((one.cand_blocks + 31) / 32) * 4);  // a bit per block
+  const ScratchPlan far = plan(c, m, int64_t{1} << 22);
   EXPECT_EQ(far.cand_blocks, (model::kDeviceCandidateColumns + c.candidate_block_size - 1) / c.candidate_block_size);
-  EXPECT_EQ(far.at(ScratchPiece::kCandKeep).bytes, m * far.cand_blocks);
+  EXPECT_EQ(far.at(ScratchPiece::kCandKeep).bytes, m * ((far.cand_blocks + 31) / 32) * 4);
   EXPECT_EQ(one.at(ScratchPiece::kBlockSel).bytes, one.cand_rows * std::min(c.candidate_topk_blocks, one.cand_blocks) * 4);
   EXPECT_THROW(plan(c, 0, 8192), Error);
 }

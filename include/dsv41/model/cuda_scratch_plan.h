@@ -58,8 +58,9 @@ struct ScratchPlanInputs {
 
 inline constexpr int64_t kScratchAlign = 256;
 // Candidate masks made on the device cover candidate sources of up to this many score columns
-// (128k context at ratio 1), or 64·index_topk - 1 if more; wider sources select on the host. The
-// masks take m bytes per block, so the cap bounds them at long contexts.
+// (128k context at ratio 1), or 64·index_topk - 1 if more; wider sources select on the host (so
+// do the layers after them, whose wider rows a 64 MiB score slice holds fewer than
+// Impl::kDeviceHeapRows of). The masks take a bit per block and row (m·ceil(blocks / 32) words).
 inline constexpr int64_t kDeviceCandidateColumns = 131072;
 
 struct ScratchPlan {

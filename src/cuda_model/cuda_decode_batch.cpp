@@ -281,15 +281,19 @@ void Impl::attention_batch(const GpuBlock& b, DecodeBatch& db, const QuantizedIn
   if (ratio > 0) {
     if (b.has_compressor) {
       gpu::CompressorWeights w = compressor_weights(b);
-      if (b.c_wkv_lin.loaded()) {  // EXL3 projections, row-wise, before the per-sequence steps
+      // The projections of every row in one read of the weights (row-wise arithmetic), then each
+      // sequence's own compressor step on its row.
+      if (b.c_wkv_lin.loaded()) {  // EXL3
         if (ratio == 1) {
           linear(b.c_wkv_lin, sc.x, dim, n, sc.c_latent, hd, true);
         } else {
           linear(b.c_wkv_lin, sc.x, dim, n, sc.c_a, hd, false);
           linear(b.c_wgate_lin, sc.x, dim, n, sc.c_g, hd, false);
         }
-        w.projected = true;
+      } else {
+        gpu::compressor_project(w, gpu::CompressorScratch{sc.c_a, sc.c_g, sc.c_latent, sc.c_work, n}, sc.x, n, stream);
       }
+      w.projected = true;
       const int64_t work = std::max(hd, c.index_head_dim);
       for (int64_t i = 0; i < n; ++i) {
         CudaSeqState& st = seq(i);

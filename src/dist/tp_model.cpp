@@ -148,9 +148,11 @@ struct TpModel::Impl {
     std::vector<const TpSeqState*> seqs;
     for (ForwardItem& it : batch) seqs.push_back(&tp_state(*it.state));
     Plan p = begin_step(seqs);
+    // Every sequence op first, then the forwards side by side: a CUDA worker runs a plan's run of
+    // consecutive forwards as one batch, as this rank does with `batch`.
+    for (ForwardItem& it : batch) join(tp_state(*it.state), p);
     for (ForwardItem& it : batch) {
       TpSeqState& s = tp_state(*it.state);
-      join(s, p);
       PlanOp op;
       op.kind = OpKind::forward;
       op.seq = s.id;
@@ -166,8 +168,23 @@ struct TpModel::Impl {
       for (ForwardItem& it : batch) {
         TpSeqState& s = tp_state(*it.state);
         s.local->prompt_len = s.prompt_len;
-        if (cuda) cuda->forward_sequence(*s.local, it.tokens, it.all_logits, it.logits, dump);
-        else cpu->forward_sequence(*s.local, it.tokens, it.all_logits, it.logits, dump);
+      }
+      if (cuda && !dump) {
+        // The CUDA engine runs the items' one-token decode steps as one pass (every weight read
+        // once for all of them); the workers hand it the same items in the same order
+        // (tp_worker.cpp), so every rank groups them alike and makes the same collectives.
+        std::vector<ForwardItem> local(batch.begin(), batch.end());
+        for (ForwardItem& it : local) it.state = tp_state(*it.state).local.get();
+        cuda->forward(local);
+      } else {
+        for (ForwardItem& it : batch) {
+          TpSeqState& s = tp_state(*it.state);
+          if (cuda) cuda->forward_sequence(*s.local, it.tokens, it.all_logits, it.logits, dump);
+          else cpu->forward_sequence(*s.local, it.tokens, it.all_logits, it.logits, dump);
+        }
+      }
+      for (ForwardItem& it : batch) {
+        TpSeqState& s = tp_state(*it.state);
         s.n_past = s.local->n_past;
       }
       return 0;

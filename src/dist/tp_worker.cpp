@@ -135,7 +135,38 @@ void execute(M& m, std::map<uint64_t, std::unique_ptr<SeqState>>& seqs, const Pl
     DSV_CHECK(it != seqs.end(), "plan {}: unknown sequence {}", p.step, id);
     return *it->second;
   };
-  for (const PlanOp& op : p.ops) {
+  auto check_position = [&](const PlanOp& op, const SeqState& s) {
+    DSV_CHECK(s.n_past == op.n_past, "plan {}: sequence {} is at position {} here but {} on rank 0", p.step, op.seq,
+              s.n_past, op.n_past);
+  };
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    const PlanOp& op = p.ops[i];
+    if constexpr (!kCpu) {
+      // Rank 0 hands a step's forwards to the CUDA engine as one batch (tp_model.cpp), which runs
+      // their one-token decode steps as one pass; the same items in the same order here make the
+      // same passes and so the same collectives. (Rank 0 puts a step's forwards after its other ops.)
+      if (op.kind == OpKind::forward) {
+        size_t end = i;
+        while (end < p.ops.size() && p.ops[end].kind == OpKind::forward) ++end;
+        std::vector<ForwardItem> items;
+        std::vector<std::vector<float>> logits(end - i);
+        for (size_t j = i; j < end; ++j) {
+          const PlanOp& f = p.ops[j];
+          SeqState& s = get(f.seq);
+          check_position(f, s);
+          s.prompt_len = f.prompt_len;
+          ForwardItem it;
+          it.state = &s;
+          it.tokens = f.tokens;
+          it.all_logits = f.all_logits;
+          it.logits = f.want_logits ? &logits[j - i] : nullptr;  // the LM head runs on every rank or none
+          items.push_back(it);
+        }
+        m.forward(items);
+        i = end - 1;
+        continue;
+      }
+    }
     switch (op.kind) {
       case OpKind::new_seq:
         DSV_CHECK(!seqs.count(op.seq), "plan {}: sequence {} exists already", p.step, op.seq);
@@ -152,8 +183,7 @@ void execute(M& m, std::map<uint64_t, std::unique_ptr<SeqState>>& seqs, const Pl
         break;
       case OpKind::forward: {
         SeqState& s = get(op.seq);
-        DSV_CHECK(s.n_past == op.n_past, "plan {}: sequence {} is at position {} here but {} on rank 0", p.step, op.seq,
-                  s.n_past, op.n_past);
+        check_position(op, s);
         s.prompt_len = op.prompt_len;
         std::vector<float> logits;
         m.forward_sequence(s, op.tokens, op.all_logits, op.want_logits ? &logits : nullptr);
@@ -161,8 +191,7 @@ void execute(M& m, std::map<uint64_t, std::unique_ptr<SeqState>>& seqs, const Pl
       }
       case OpKind::draft: {
         SeqState& s = get(op.seq);
-        DSV_CHECK(s.n_past == op.n_past, "plan {}: sequence {} is at position {} here but {} on rank 0", p.step, op.seq,
-                  s.n_past, op.n_past);
+        check_position(op, s);
         cpu_only("DSpark drafting");
         if constexpr (kCpu) (void)m.dspark_draft(s, op.anchor);
         break;

@@ -13,6 +13,37 @@
 
 namespace dsv41::ops::gpu {
 
+void compressor_project(const CompressorWeights& w, const CompressorScratch& sc, const float* x, int64_t n,
+                        cudaStream_t s) {
+  DSV_CHECK(n >= 0 && n <= sc.max_tokens, "compressor: {} tokens exceed the scratch capacity {}", n, sc.max_tokens);
+  DSV_CHECK(w.wkv && (w.ratio == 1 || w.wgate) && sc.latent && (w.ratio == 1 || (sc.a && sc.g)),
+            "compressor projection: weights or scratch missing");
+  if (n == 0) return;
+  DenseArgs lin;
+  lin.in = w.dim;
+  lin.out = w.hd;
+  lin.x = x;
+  lin.x_stride = w.dim;
+  lin.m = n;
+  lin.y_stride = w.hd;
+  if (w.ratio == 1) {
+    lin.w = w.wkv;
+    lin.wt = w.wkv_type;
+    lin.y = sc.latent;
+    lin.round_bf16 = true;
+    lin_dense(lin, s);
+  } else {
+    lin.round_bf16 = false;
+    lin.wt = DenseType::F32;
+    lin.w = w.wkv;
+    lin.y = sc.a;
+    lin_dense(lin, s);
+    lin.w = w.wgate;
+    lin.y = sc.g;
+    lin_dense(lin, s);
+  }
+}
+
 int64_t compressor_step(const CompressorWeights& w, CompressorState& st, const CompressorScratch& sc, const float* x,
                         int64_t n, int64_t start, cudaStream_t s) {
   DSV_CHECK(w.ratio >= 1 && w.ratio <= 16, "compressor: ratio {} outside 1..16", w.ratio);
@@ -29,32 +60,8 @@ int64_t compressor_step(const CompressorWeights& w, CompressorState& st, const C
   if (n == 0) return 0;
   const int64_t hd = w.hd;
 
-  DenseArgs lin;
-  lin.in = w.dim;
-  lin.out = hd;
-  lin.x = x;
-  lin.x_stride = w.dim;
-  lin.m = n;
-  lin.y_stride = hd;
-  if (w.ratio == 1) {
-    if (!w.projected) {
-      lin.w = w.wkv;
-      lin.wt = w.wkv_type;
-      lin.y = sc.latent;
-      lin.round_bf16 = true;
-      lin_dense(lin, s);
-    }
-  } else {
-    if (!w.projected) {
-      lin.round_bf16 = false;
-      lin.wt = DenseType::F32;
-      lin.w = w.wkv;
-      lin.y = sc.a;
-      lin_dense(lin, s);
-      lin.w = w.wgate;
-      lin.y = sc.g;
-      lin_dense(lin, s);
-    }
+  if (!w.projected) compressor_project(w, sc, x, n, s);
+  if (w.ratio > 1) {
     CompressPoolArgs pa;
     pa.av = sc.a;
     pa.gv = sc.g;

@@ -110,6 +110,12 @@ struct CompressorScratch {
   float* work = nullptr;    // [max_tokens][max(hd, ihd)]
   int64_t max_tokens = 0;
 };
+// The compressor's input projections of n tokens (x: [n][dim]) into the scratch, as `projected`
+// describes (row t at t·hd). Each row's arithmetic is its own (dense_stream.cu, lin_dense), so a
+// batched decode pass projects its rows of every sequence in one call and steps each sequence's
+// compressor with `projected` set, bit for bit as separate steps.
+void compressor_project(const CompressorWeights& w, const CompressorScratch& scratch, const float* x, int64_t n,
+                        cudaStream_t s);
 // Runs the compressor over n tokens at positions start.. (x: [n][dim] bf16 values) and appends the
 // emitted groups' compressed rows and index keys to the state. Returns the number of groups.
 int64_t compressor_step(const CompressorWeights& w, CompressorState& st, const CompressorScratch& scratch,

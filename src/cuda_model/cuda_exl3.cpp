@@ -89,7 +89,8 @@ GpuLinear Impl::upload_exl3(const std::string& prefix, int64_t in, int64_t out) 
   const std::array<int32_t, 4> shape{l.exl3.k, l.exl3.n, l.exl3.bits, l.exl3.codebook};
   if (std::find(exl3_shapes.begin(), exl3_shapes.end(), shape) == exl3_shapes.end()) {
     exl3_shapes.push_back(shape);
-    for (int64_t m = 1; m <= std::max<int64_t>(1, opts.max_chunk_tokens); ++m)
+    const int64_t most = std::min(std::max<int64_t>(1, opts.max_chunk_tokens), ops::exl3_gemm_max_rows(l.exl3));
+    for (int64_t m = 1; m <= most; ++m)
       exl3_ws_bytes = std::max(exl3_ws_bytes, ops::exl3_gemm_plan(l.exl3, m).workspace);
   }
   weight_bytes += static_cast<int64_t>(l.w.bytes() + l.s.bytes());
@@ -169,23 +170,27 @@ void Impl::alloc_exl3_workspaces() {
 }
 
 // y = x·W on the EXL3 GEMM: fp32 activations in, fp32 sums out (padded inputs read as zeros, padded
-// outputs trimmed by the kernel), then the reference's bf16 rounding where asked.
+// outputs trimmed by the kernel), then the reference's bf16 rounding where asked. Rows beyond one
+// call's reach (ops::exl3_gemm_max_rows: ~1,024 for the head) go in several calls.
 void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                        bool round) {
   ops::GemmParams p;
   p.w = l.exl3;
-  p.x = x;
   p.x_type = ops::ActType::F32;
-  p.m = m;
   p.x_cols = l.in;
   p.x_stride = x_stride;
-  p.y = y;
   p.y_type = ops::ActType::F32;
   p.y_cols = l.out;
   p.y_stride = y_stride;
   p.workspace = exl3_ws.get();
   p.workspace_bytes = exl3_ws.bytes();
-  ops::exl3_gemm(p, stream);
+  const int64_t most = ops::exl3_gemm_max_rows(l.exl3);
+  for (int64_t r0 = 0; r0 < m; r0 += most) {
+    p.m = std::min(most, m - r0);
+    p.x = x + r0 * x_stride;
+    p.y = y + r0 * y_stride;
+    ops::exl3_gemm(p, stream);
+  }
   if (round) {
     gpu::ScaleRoundArgs r{y, m, l.out, y_stride, 1.0f};
     gpu::scale_round(r, stream);
@@ -195,6 +200,12 @@ void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int
 // The MoE of an EXL3 layer after the router (block.cpp moe): the selected experts and the shared
 // expert in one grouped call per (up to) 8 tokens, written to sc.y as bf16 values.
 void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
+  // (The bucketing borrows the router's scratch: 3 values per pair in [m][2E] floats.)
+  if (opts.exl3_by_expert_min_tokens > 0 && n >= opts.exl3_by_expert_min_tokens && !b.split && sc.exl3_rows &&
+      3 * b.top_k <= 2 * b.n_experts) {
+    moe_exl3_by_expert(b, n);
+    return;
+  }
   const GpuExl3Experts& x = b.x_experts;
   const int64_t dim = cfg.hidden_size, K = b.top_k, per = moe_tokens_per_call(K);
   ops::MoeParams p;
@@ -222,7 +233,88 @@ void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
     p.topk_weights = sc.route_w + t0 * K;
     p.y = sc.y + t0 * dim;
     ops::exl3_moe(p, stream);
+    ++path_stats.exl3_moe_grouped_calls;
   }
+}
+
+// The MoE of an EXL3 layer for a large pass, in the CPU engine's own form (block.cpp moe): each
+// routed expert's three linears run once over all the rows that picked it, so a pass reads each
+// expert with tokens once (the grouped kernels above read every expert a call's 8 tokens picked,
+// per call: 256 calls of a 2048-token pass). The pairs are bucketed by expert on the host — one
+// download of the router's ids and weights per layer, since the per-expert row counts size the
+// GEMM launches — in pair order within an expert (the CPU engine's token order). Rounding points
+// and sums are the grouped kernels': g, u, the weighted activation, each expert's output and the
+// sum to bf16 values, a token's experts added in increasing id, the shared expert last
+// (moe_combine).
+void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
+  const GpuExl3Experts& x = b.x_experts;
+  const int64_t dim = cfg.hidden_size, inter = cfg.moe_intermediate_size, K = b.top_k, E = b.n_experts;
+  const int64_t pairs = n * K;
+  DSV_ASSERT(!b.split && sc.exl3_rows != nullptr && n <= sc.m && 3 * K <= 2 * E,
+             "EXL3 MoE by expert: {} tokens (scratch of {}), {} of {} experts", n, sc.m, K, E);
+  // The host's bucketing: ids and weights down, then per sorted row its token, its routing weight
+  // and, per pair, its sorted row (the un-sort); those go up into the router's scratch, which is
+  // free once the router has run.
+  std::vector<int32_t> ids(static_cast<size_t>(pairs));
+  std::vector<float> w(static_cast<size_t>(pairs));
+  gpu::check_cuda(cudaMemcpyAsync(ids.data(), sc.ids, ids.size() * 4, cudaMemcpyDeviceToHost, stream),
+                  "MoE ids download");
+  gpu::check_cuda(cudaMemcpyAsync(w.data(), sc.route_w, w.size() * 4, cudaMemcpyDeviceToHost, stream),
+                  "MoE weights download");
+  sync_stream("EXL3 MoE routing");
+  std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
+  for (int32_t e : ids) {
+    DSV_CHECK(e >= 0 && e < E, "EXL3 MoE: router picked expert {} of {}", e, E);
+    ++start[static_cast<size_t>(e) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) start[static_cast<size_t>(e + 1)] += start[static_cast<size_t>(e)];
+  std::vector<int32_t> staged(static_cast<size_t>(3 * pairs));  // token | weight bits | un-sort
+  int32_t* token_of = staged.data();
+  float* weight_of = reinterpret_cast<float*>(staged.data() + pairs);
+  int32_t* row_of = staged.data() + 2 * pairs;
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t r = fill[static_cast<size_t>(ids[static_cast<size_t>(p)])]++;
+    token_of[r] = static_cast<int32_t>(p / K);
+    weight_of[r] = w[static_cast<size_t>(p)];
+    row_of[p] = static_cast<int32_t>(r);
+  }
+  auto* dev = reinterpret_cast<int32_t*>(sc.route_scratch);
+  gpu::check_cuda(cudaMemcpyAsync(dev, staged.data(), staged.size() * 4, cudaMemcpyHostToDevice, stream),
+                  "MoE buckets upload");
+  const int32_t* d_token = dev;
+  const float* d_weight = reinterpret_cast<const float*>(dev + pairs);
+  const int32_t* d_row = dev + 2 * pairs;
+
+  float* rows = sc.exl3_rows;
+  gpu::gather_rows({sc.x, n, dim, d_token, rows, dim, pairs, dim}, stream);
+  auto each_expert = [&](auto&& f) {
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = start[static_cast<size_t>(e)], cnt = start[static_cast<size_t>(e + 1)] - r0;
+      if (cnt > 0) f(static_cast<size_t>(e), r0, cnt);
+    }
+  };
+  each_expert([&](size_t e, int64_t r0, int64_t cnt) {
+    linear_exl3(x.w1[e], rows + r0 * dim, dim, cnt, sc.eg + r0 * inter, inter, false);
+    linear_exl3(x.w3[e], rows + r0 * dim, dim, cnt, sc.eu + r0 * inter, inter, false);
+  });
+  // Rounding is row-wise: one launch for all the experts' rows.
+  gpu::scale_round({sc.eg, pairs, inter, inter, 1.0f}, stream);
+  gpu::scale_round({sc.eu, pairs, inter, inter, 1.0f}, stream);
+  const float limit = static_cast<float>(cfg.swiglu_limit);
+  gpu::swiglu({sc.eg, sc.eu, pairs, inter, d_weight, limit, sc.eg}, stream);
+  each_expert([&](size_t e, int64_t r0, int64_t cnt) {
+    linear_exl3(x.w2[e], sc.eg + r0 * inter, inter, cnt, rows + r0 * dim, dim, false);
+  });
+  gpu::scale_round({rows, pairs, dim, dim, 1.0f}, stream);
+  gpu::gather_rows({rows, pairs, dim, d_row, sc.routed, dim, pairs, dim}, stream);  // back to pair order
+
+  linear_exl3(b.sh_w1, sc.x, dim, n, sc.sg, inter, true);
+  linear_exl3(b.sh_w3, sc.x, dim, n, sc.su, inter, true);
+  gpu::swiglu({sc.sg, sc.su, n, inter, nullptr, limit, sc.sg}, stream);
+  linear_exl3(b.sh_w2, sc.sg, inter, n, sc.shared, dim, true);
+  gpu::moe_combine({sc.routed, sc.ids, n, K, dim, sc.shared, sc.y}, stream);
+  ++path_stats.exl3_moe_by_expert;
 }
 
 }  // namespace dsv41::model::cuda

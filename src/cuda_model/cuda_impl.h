@@ -179,6 +179,7 @@ struct Scratch {
   float* logits = nullptr;
   int32_t* moe_sort = nullptr;  // grouped MoE bucketing (gpu::moe_grouped), moe_sort_ints values
   int64_t moe_sort_ints = 0;
+  float* exl3_rows = nullptr;  // EXL3 large passes: [m*top_k][dim] expert-sorted rows (cuda_exl3.cpp)
   // Batched decode (cuda_decode_batch.cpp): the rows' positions [m], and per layer the rows' window
   // rings then their compressed-KV pools [layers][2][m] (sparse attention's per-query pools).
   int64_t* positions = nullptr;
@@ -344,6 +345,8 @@ struct Impl {
   void linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                    bool round);
   void moe_exl3(const GpuBlock& b, int64_t n);
+  void moe_exl3_by_expert(const GpuBlock& b, int64_t n);
+  CudaPathStats path_stats;  // CudaModel::path_stats
   // ---- state (src/cuda_model/cuda_state.cpp) ----
   std::unique_ptr<CudaSeqState> make_state() const;  // heap state with room for max_context tokens
   // A state whose device buffers come from `memory`, with room for `capacity_tokens` tokens.

@@ -459,6 +459,13 @@ void Impl::load(const std::string& dir) {
   // The environment can ask for sequential block sums in every process of a run (a TP worker builds
   // its own options), so a run can be made bit-identical to the CPU engine without a rebuild.
   if (env_is("DSV41_EXACT_BLOCK_SUMS", "1")) opts.exact_block_sums = true;
+  // Benchmarks compare the EXL3 MoE's two forms in one binary (0: always the grouped kernels).
+  if (const char* v = std::getenv("DSV41_EXL3_BY_EXPERT_MIN_TOKENS")) {
+    char* end = nullptr;
+    const long long t = std::strtoll(v, &end, 10);
+    DSV_CHECK(end != v && *end == '\0' && t >= 0, "DSV41_EXL3_BY_EXPERT_MIN_TOKENS={}: expected a token count >= 0", v);
+    opts.exl3_by_expert_min_tokens = t;
+  }
   device_index_topk = !opts.host_index_topk && !env_is("DSV41_HOST_INDEX_TOPK", "1");
   if (!tp) {  // decode steps in CUDA graphs (tensor parallelism keeps its collectives eager)
     graphs = std::make_unique<StepGraphs>(stream);
@@ -548,7 +555,7 @@ void Impl::alloc_scratch() {
   bind(P::kBlockScores, s.block_scores), bind(P::kBlockIdx, s.block_idx), bind(P::kBlockSel, s.block_sel);
   bind(P::kIds, s.ids), bind(P::kRouteW, s.route_w), bind(P::kRouteScratch, s.route_scratch), bind(P::kEg, s.eg);
   bind(P::kEu, s.eu), bind(P::kRouted, s.routed), bind(P::kSg, s.sg), bind(P::kShared, s.shared);
-  bind(P::kMoeSort, s.moe_sort);
+  bind(P::kMoeSort, s.moe_sort), bind(P::kExl3Rows, s.exl3_rows);
   bind(P::kEngramRows, s.engram_rows), bind(P::kEngramKv, s.engram_kv);
   bind(P::kLogits, s.logits);
   s.arena = DeviceBuffer(static_cast<size_t>(plan.total));
@@ -559,6 +566,7 @@ void Impl::alloc_scratch() {
     *dst = base + p.offset;
   }
   s.su = s.sg + m * c.moe_intermediate_size;
+  if (plan.at(P::kExl3Rows).bytes == 0) s.exl3_rows = nullptr;  // not an EXL3 checkpoint
   scratch_phase_bytes = plan.phase_bytes;
   // (a memset may return before it is done: the sync keeps it ahead of any stream's first kernel)
   ops::gpu::check_cuda(cudaMemset(s.mix_counters, 0, static_cast<size_t>(m) * 4), "mix counters zero");

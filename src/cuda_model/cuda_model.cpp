@@ -57,6 +57,7 @@ std::pmr::memory_resource& CudaModel::state_memory() const { return *impl_->stat
 int64_t CudaModel::max_context() const { return impl_->max_context; }
 
 CudaMemoryBreakdown CudaModel::memory() const { return impl_->memory_breakdown(); }
+CudaPathStats CudaModel::path_stats() const { return impl_->path_stats; }
 
 void CudaModel::set_cuda_graphs(bool on) {
   DSV_CHECK(!on || impl_->graphs, "CUDA graphs: not available under tensor parallelism");
@@ -106,6 +107,7 @@ void CudaModel::set_cuda_graphs(bool) { fail("CUDA model: built without CUDA"); 
 bool CudaModel::cuda_graphs() const { return false; }
 bool CudaModel::cuda_graphs_available() const { return false; }
 CudaGraphStats CudaModel::graph_stats() const { return {}; }
+CudaPathStats CudaModel::path_stats() const { return {}; }
 void CudaModel::forward_sequence(SeqState&, std::span<const int32_t>, bool, std::vector<float>*, BlockDump*) {
   fail("CUDA model: built without CUDA");
 }

@@ -137,6 +137,9 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
       {P::kSg, S::kMoe, 2 * m * inter * f},
       {P::kShared, S::kMoe, m * dim * f},
       {P::kMoeSort, S::kMoe, p.moe_sort_ints * 4},
+      // an EXL3 checkpoint's large passes: the pairs' rows sorted by expert, first the tokens'
+      // rows, then the experts' outputs (cuda_exl3.cpp moe_exl3_by_expert)
+      {P::kExl3Rows, S::kMoe, c.quant.method == "exl3" ? pairs * dim * f : 0},
       // ---- Engram: the layer's dequantised rows and wkv output, read by its gates ----
       {P::kEngramRows, S::kEngram, m * edim * f},
       {P::kEngramKv, S::kEngram, m * (hc + 1) * dim * f},

@@ -88,7 +88,15 @@ GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path, int split
   return plan;
 }
 
+int64_t exl3_gemm_max_rows(const Exl3Matrix& w) {
+  check_matrix(w, "exl3_gemm");
+  const int64_t blocks = static_cast<int64_t>(kCounterBytes / 4) / (w.n / 128);
+  DSV_CHECK(blocks >= 1, "exl3_gemm: n={} has more column groups than the ticket counter space", w.n);
+  return std::max<int64_t>(8, blocks * kLargeRows);  // the small paths (m <= 8) keep no row blocks
+}
+
 size_t exl3_gemm_workspace_bytes(const Exl3Matrix& w, int64_t m_max) {
+  m_max = std::min(m_max, exl3_gemm_max_rows(w));  // larger calls are split (exl3_gemm_max_rows)
   size_t bytes = 0;
   for (int64_t m = 1; m <= std::min<int64_t>(m_max, 9); ++m) bytes = std::max(bytes, exl3_gemm_plan(w, m).workspace);
   if (m_max > 8) {

@@ -244,5 +244,21 @@ TEST(Exl3GpuGemm, RejectsBadArguments) {
   EXPECT_THROW(ops::exl3_gemm(p, nullptr), Error);
 }
 
+// The large path keeps a ticket counter per (column group, 64-row block) in the workspace's fixed
+// counter space: a matrix as wide as the head (129,280 columns) takes ~1,000 rows a call, and
+// exl3_gemm_max_rows names the limit callers split at (one row block more is refused). Narrow
+// matrices are not limited below a pass.
+TEST(Exl3GpuGemm, RowLimitOfWideMatrices) {
+  RandomMatrix head(128, 129280, 3, 2, 5);
+  const int64_t most = ops::exl3_gemm_max_rows(head.device());
+  EXPECT_GE(most, 1000);
+  EXPECT_EQ(most % exl3::cuda::kLargeRows, 0);
+  EXPECT_NO_THROW(ops::exl3_gemm_plan(head.device(), most));
+  EXPECT_THROW(ops::exl3_gemm_plan(head.device(), most + 1), Error);
+  EXPECT_GT(ops::exl3_gemm_workspace_bytes(head.device(), 4096), 0u);  // planned up to the limit only
+  RandomMatrix expert(5120, 2304, 3, 2, 6);
+  EXPECT_GE(ops::exl3_gemm_max_rows(expert.device()), 16384);
+}
+
 }  // namespace
 }  // namespace dsv41::test

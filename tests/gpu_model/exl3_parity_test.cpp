@@ -154,8 +154,10 @@ void expect_blocks_close(const model::BlockDump& gpu, const model::BlockDump& cp
 
 // CPU and CUDA engines on one checkpoint folder: block streams of a one-shot prefill, then the
 // prompt one-shot and in chunks of 7 with D decode steps fed the CPU's greedy ids.
+// by_expert_min_tokens: CudaModelOptions::exl3_by_expert_min_tokens (-1: the default); when set,
+// the prefill passes must have run the MoE expert by expert.
 void compare_engines(const std::string& dir, const std::string& token_map, const std::vector<int32_t>& prompt,
-                     int64_t D, const std::string& name) {
+                     int64_t D, const std::string& name, int64_t by_expert_min_tokens = -1) {
   const int64_t S = static_cast<int64_t>(prompt.size());
   model::CpuModelOptions co;
   co.engram_token_map = token_map;
@@ -165,6 +167,7 @@ void compare_engines(const std::string& dir, const std::string& token_map, const
   go.engram_token_map = token_map;
   go.max_context = S + D;
   go.dspark = false;  // the drafter is compared by the DSpark tests; here the target's logits
+  if (by_expert_min_tokens >= 0) go.exl3_by_expert_min_tokens = by_expert_min_tokens;
   auto gpu = model::CudaModel::load(dir, go);
   const ModelConfig& cfg = cpu->config();
 
@@ -190,6 +193,14 @@ void compare_engines(const std::string& dir, const std::string& token_map, const
     const test::Run g = test::run_steps(*gpu, prompt, chunk, D, &c.greedy);
     expect_logits_close(g, c, cfg.vocab_size, name + " chunk " + std::to_string(chunk));
   }
+  const model::CudaPathStats ps = gpu->path_stats();
+  EXPECT_GT(ps.exl3_moe_grouped_calls, 0) << name << ": decode steps take the grouped kernels";
+  if (by_expert_min_tokens > 0) {
+    // Every layer of the one-shot prefills (block dump and run) and of the 7-token chunks
+    EXPECT_GE(ps.exl3_moe_by_expert, (2 + S / 7) * cfg.num_hidden_layers) << name;
+  } else {
+    EXPECT_EQ(ps.exl3_moe_by_expert, 0) << name << ": passes shorter than the default threshold";
+  }
 }
 
 std::string token_map_of(const test::MkmodelVariant& v) {
@@ -206,6 +217,21 @@ TEST_P(CudaExl3Parity, MatchesCpuEngine) {
   ASSERT_EQ(made.exit_code, 0) << made.out;
   const int64_t vocab = load_model_config(dir + "/config.json").vocab_size;
   compare_engines(dir, token_map_of(v), random_prompt(37, vocab, static_cast<uint32_t>(v.seed) * 7 + 1), 5, v.name);
+  fs::remove_all(dir);
+}
+
+// The MoE of prefill passes in the large-pass form (each expert once over all its rows: one EXL3
+// GEMM per expert and projection at the expert's row count), from 2 tokens on; decode steps keep
+// the grouped kernels. Same checkpoints, prompts and tolerances.
+TEST_P(CudaExl3Parity, ByExpertMoeMatchesCpuEngine) {
+  const test::MkmodelVariant& v = GetParam();
+  const std::string dir = std::string(::testing::TempDir()) + "/dsv41_gpu_exl3_by_expert_" + v.name;
+  fs::remove_all(dir);
+  const auto made = test::run_mkmodel(kFixtures, v, dir);
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  const int64_t vocab = load_model_config(dir + "/config.json").vocab_size;
+  compare_engines(dir, token_map_of(v), random_prompt(37, vocab, static_cast<uint32_t>(v.seed) * 7 + 1), 5,
+                  v.name + " by expert", 2);
   fs::remove_all(dir);
 }
 

@@ -112,6 +112,18 @@ TEST(CudaScratchPlan, PieceSizes) {
   EXPECT_EQ(far.at(ScratchPiece::kCandKeep).bytes, m * ((far.cand_blocks + 31) / 32) * 4);
   EXPECT_EQ(one.at(ScratchPiece::kBlockSel).bytes, one.cand_rows * std::min(c.candidate_topk_blocks, one.cand_blocks) * 4);
   EXPECT_THROW(plan(c, 0, 8192), Error);
+  // An EXL3 checkpoint's large passes sort the pairs' rows by expert (cuda_exl3.cpp): one more
+  // [pairs][dim] buffer in the MoE phase; none for the FP8 release.
+  EXPECT_EQ(one.at(ScratchPiece::kExl3Rows).bytes, 0);
+  ModelConfig x = c;
+  x.quant.method = "exl3";
+  const ScratchPlan ex = plan(x, m, 8192);
+  EXPECT_EQ(ex.at(ScratchPiece::kExl3Rows).bytes, m * K * c.hidden_size * 4);
+  EXPECT_EQ(ex.at(ScratchPiece::kExl3Rows).phase, ScratchPhase::kMoe);
+  check_layout(ex, "exl3");
+  // At 2048-token passes the MoE phase stays below the attention phase, so the arena is as large.
+  const ScratchPlan ex2048 = plan(x, 2048, 1 << 20), fp2048 = plan(c, 2048, 1 << 20);
+  EXPECT_LE(ex2048.total, fp2048.total + fp2048.total / 50) << ex2048.total << " vs " << fp2048.total;
 }
 
 // The start-up estimate is the plan's arena, and the serve budget takes a rank's arena under

@@ -103,6 +103,12 @@ struct CudaModelOptions {
   // (batched or not) and DSpark drafts always keep them, so a sequence's tokens never depend on its
   // batch. exact_block_sums turns it off too.
   int64_t grouped_moe_min_rows = 64;
+  // EXL3 checkpoints: passes of at least this many tokens run each routed expert once over all the
+  // rows that picked it (three EXL3 GEMMs per expert with tokens, the CPU engine's own form);
+  // shorter passes and decode steps take the grouped MoE kernels, 8 tokens per call, each call
+  // reading every expert its tokens picked. 0: never. (Like every EXL3 path, results follow the
+  // kernels' row counts: cuda_exl3.cpp.)
+  int64_t exl3_by_expert_min_tokens = 256;
   // true: every FP8/FP4 linear sums each 32-wide block of exact code products one by one in K order,
   // as the CPU engine does, so results are bit-identical to it (and the grouped MoE above is off).
   // false lets prefill passes sum a block in the tensor core (the Lin8 GEMM from 64 rows, the
@@ -153,6 +159,13 @@ struct CudaGraphStats {
   int64_t instantiations = 0;  // executables built (a new bucket, segment or topology)
   double capture_ms = 0;       // host time inside captures (issuing the captured work)
   double update_ms = 0, instantiate_ms = 0, launch_ms = 0;  // host time of those calls
+};
+
+// Which form some ops took since load (CudaModel::path_stats), so that a test can check that the
+// path it targets ran.
+struct CudaPathStats {
+  int64_t exl3_moe_grouped_calls = 0;  // grouped EXL3 MoE kernel calls (up to 8 tokens each)
+  int64_t exl3_moe_by_expert = 0;      // EXL3 MoE layer runs expert by expert (large passes)
 };
 
 // One saved step of a sequence state (CudaModel::save_step / undo_step); move-only, reusable.
@@ -215,6 +228,7 @@ class CudaModel final : public Model {
   bool cuda_graphs_available() const;  // false under tensor parallelism
   // What the decode graphs did so far (all zero when they never ran).
   CudaGraphStats graph_stats() const;
+  CudaPathStats path_stats() const;
   int64_t max_context() const;
   // Benchmark only (`dsv41-serve bench`, src/cuda_model/cuda_bench_fill.cpp): makes `state` (from
   // new_sequence()) look as if it had processed n_past tokens, with random values of the stored

@@ -33,7 +33,7 @@ enum class ScratchPiece {
   kPositions, kMixCounters, kBatchPools, kTopk, kCandKeep,
   kQr, kQ, kKv, kO, kZ, kKvBf16, kStaged, kQrCodes, kQrScales, kCA, kCG, kCLatent, kCWork, kQi, kIw,
   kScores, kScoreIdx, kBlockScores, kBlockIdx, kBlockSel, kList, kPoolA, kPoolB,
-  kIds, kRouteW, kRouteScratch, kEg, kEu, kRouted, kSg, kShared, kMoeSort,
+  kIds, kRouteW, kRouteScratch, kEg, kEu, kRouted, kSg, kShared, kMoeSort, kExl3Rows,
   kEngramRows, kEngramKv,
   kLogits,
   kCount

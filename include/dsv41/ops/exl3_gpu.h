@@ -28,6 +28,11 @@ int current_sm_count();
 // stream-K grid) on the small paths.
 GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path = GemmPath::Auto, int splits = 0);
 
+// The most rows one call can take: the large path keeps a ticket counter per (column group, block
+// of rows) in the workspace's fixed counter space, so a wide matrix (the 129,280-column head) takes
+// ~1,024 rows a call; callers run more rows in calls of at most this many.
+int64_t exl3_gemm_max_rows(const Exl3Matrix& w);
+
 // Workspace bytes that cover every auto-planned call with 1..m_max rows.
 size_t exl3_gemm_workspace_bytes(const Exl3Matrix& w, int64_t m_max);
 

@@ -17,8 +17,9 @@ __global__ void __launch_bounds__(kThreads) gather_rows_kernel(GatherRowsArgs a,
   const int64_t r = blockIdx.x;
   const int32_t i = a.idx[r];
   float* d = a.dst + r * a.dst_stride;
-  if (i < 0 || i >= a.src_rows) {  // the host validated the indices: this is a bug, made visible
-    for (int64_t c = threadIdx.x; c < a.cols; c += kThreads) d[c] = NAN;
+  if (i < 0 || i >= a.src_rows) {  // no row; past the end: the host validated them, a bug made visible
+    const float v = i < 0 ? 0.0f : NAN;
+    for (int64_t c = threadIdx.x; c < a.cols; c += kThreads) d[c] = v;
     return;
   }
   const float* s = a.src + static_cast<int64_t>(i) * a.src_stride;

@@ -54,33 +54,54 @@ int64_t moe_tokens_per_call(int64_t top_k) { return std::min<int64_t>(8, 128 / t
 
 }  // namespace
 
-GpuLinear Impl::upload_exl3(const std::string& prefix, int64_t in, int64_t out) {
+GpuLinear Impl::upload_exl3(const std::string& prefix, int64_t in, int64_t out, int64_t row_begin, int64_t row_end) {
   const std::unique_ptr<Linear> cpu = exl3::load_exl3_linear(*ckpt, prefix, in, out);
   const auto* lin = dynamic_cast<const exl3::Exl3Linear*>(cpu.get());
   DSV_ASSERT(lin != nullptr, "{}: the EXL3 loader returned another linear type", prefix);
   const exl3::Exl3Tensors& t = lin->storage();
+  if (row_end < 0) row_end = out;
+  // Tensor parallelism: outputs [row_begin, row_end) only. The trellis is [k/16][n/16][16K] words
+  // and the output Hadamard works on aligned 128-column blocks (EXL3.md §2, §3), so a slice of
+  // whole 128-column blocks is the tiles of those columns with their svh and bias: the same linear
+  // for those outputs, bit for bit. The last slice runs to the padded end.
+  DSV_CHECK(row_begin >= 0 && row_begin < row_end && row_end <= out && row_begin % 128 == 0 &&
+                (row_end % 128 == 0 || row_end == out),
+            "{}: tensor parallelism splits an EXL3 linear at multiples of 128 outputs; this rank's share is [{}, {}) "
+            "of {}: use fewer ranks",
+            prefix, row_begin, row_end, out);
+  const int64_t n0 = row_begin, n1 = row_end == out ? t.n : row_end, tn = t.n / 16, words = 16 * t.K;
+  const int64_t cols = n1 - n0;
   GpuLinear l;
   l.kind = GpuLinear::Kind::Exl3;
   l.in = in;
-  l.out = out;
-  l.w = DeviceBuffer(static_cast<size_t>(t.trellis_bytes()));
-  l.w.upload(t.trellis, static_cast<size_t>(t.trellis_bytes()));
+  l.out = row_end - row_begin;
+  const uint64_t bytes = static_cast<uint64_t>(t.k) * static_cast<uint64_t>(cols) * t.K / 8;
+  l.w = DeviceBuffer(static_cast<size_t>(bytes));
+  if (cols == t.n) {
+    l.w.upload(t.trellis, static_cast<size_t>(bytes));
+  } else {
+    std::vector<uint16_t> part(static_cast<size_t>(bytes / 2));
+    const int64_t run = cols / 16 * words;  // one row of tiles of the slice
+    for (int64_t tk = 0; tk < t.k / 16; ++tk)
+      std::copy_n(t.trellis + (tk * tn + n0 / 16) * words, run, part.data() + tk * run);
+    l.w.upload(part.data(), static_cast<size_t>(bytes));
+  }
   // s = suh [k] | svh [n] | bias [n] (fp16)
   std::vector<uint16_t> s = to_f16_exact(t.suh, prefix + ".suh");
   const std::vector<uint16_t> svh = to_f16_exact(t.svh, prefix + ".svh");
-  s.insert(s.end(), svh.begin(), svh.end());
+  s.insert(s.end(), svh.begin() + n0, svh.begin() + n1);
   if (!t.bias.empty()) {
     const std::vector<uint16_t> bias = to_f16_exact(t.bias, prefix + ".bias");
-    s.insert(s.end(), bias.begin(), bias.end());
+    s.insert(s.end(), bias.begin() + n0, bias.begin() + n1);
   }
   l.s = DeviceBuffer::from(s);
   const uint16_t* sp = l.s.as<uint16_t>();
   l.exl3.trellis = l.w.as<uint16_t>();
   l.exl3.suh = sp;
   l.exl3.svh = sp + t.k;
-  l.exl3.bias = t.bias.empty() ? nullptr : sp + t.k + t.n;
+  l.exl3.bias = t.bias.empty() ? nullptr : sp + t.k + cols;
   l.exl3.k = static_cast<int32_t>(t.k);
-  l.exl3.n = static_cast<int32_t>(t.n);
+  l.exl3.n = static_cast<int32_t>(cols);
   l.exl3.bits = t.K;
   l.exl3.codebook = codebook_id(t.codebook);
   // Any row count up to the pass size may reach this linear (the head: a pass's logit rows). The
@@ -98,7 +119,7 @@ GpuLinear Impl::upload_exl3(const std::string& prefix, int64_t in, int64_t out) 
   return l;
 }
 
-void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp) {
+void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp, int64_t expert_end) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, inter = c.moe_intermediate_size, E = b.n_experts;
   DSV_CHECK(b.top_k >= 1 && b.top_k <= 128, "{}: {} experts per token; the CUDA EXL3 MoE takes 1..128", fp, b.top_k);
@@ -110,7 +131,7 @@ void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp) {
               fp);
   GpuExl3Experts& x = b.x_experts;
   std::vector<ops::Exl3Matrix> gate, up, down;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = b.expert_begin; e < expert_end; ++e) {
     const std::string p = fp + ".experts." + std::to_string(e);
     for (const char* w : {".w1", ".w2", ".w3"})
       DSV_CHECK(exl3::is_exl3_linear(*ckpt, p + w),
@@ -123,6 +144,15 @@ void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp) {
     gate.push_back(x.w1.back().exl3);
     down.push_back(x.w2.back().exl3);
     up.push_back(x.w3.back().exl3);
+  }
+  // A split layer's MoE runs expert by expert over this rank's experts, its shared expert's column
+  // slices apart (moe_exl3_by_expert): no grouped-kernel tables.
+  if (b.split) {
+    DSV_CHECK(c.quant.method == "exl3" && 3 * b.top_k <= 2 * E,
+              "{}: tensor parallelism runs EXL3 experts expert by expert, which needs quantization method exl3 in the "
+              "config and 3 x experts per token <= 2 x experts ({} of {})",
+              fp, b.top_k, E);
+    return;
   }
   gate.push_back(b.sh_w1.exl3);
   down.push_back(b.sh_w2.exl3);
@@ -201,8 +231,9 @@ void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int
 // expert in one grouped call per (up to) 8 tokens, written to sc.y as bf16 values.
 void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
   // (The bucketing borrows the router's scratch: 3 values per pair in [m][2E] floats.)
-  if (opts.exl3_by_expert_min_tokens > 0 && n >= opts.exl3_by_expert_min_tokens && !b.split && sc.exl3_rows &&
-      3 * b.top_k <= 2 * b.n_experts) {
+  // A split layer always (its rank holds some experts and a column slice of the shared expert).
+  if (b.split || (opts.exl3_by_expert_min_tokens > 0 && n >= opts.exl3_by_expert_min_tokens && sc.exl3_rows &&
+                  3 * b.top_k <= 2 * b.n_experts)) {
     moe_exl3_by_expert(b, n);
     return;
   }
@@ -246,11 +277,15 @@ void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
 // and sums are the grouped kernels': g, u, the weighted activation, each expert's output and the
 // sum to bf16 values, a token's experts added in increasing id, the shared expert last
 // (moe_combine).
+//
+// Tensor parallelism (cuda_tp.cpp): a rank runs its experts [expert_begin, +w1.size()) and leaves
+// zero rows for the other ranks' pairs, its shared expert's column slices write into zeroed rows,
+// and the ranks all-reduce them as the FP8/FP4 MoE does (cuda_moe.cpp).
 void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
   const GpuExl3Experts& x = b.x_experts;
   const int64_t dim = cfg.hidden_size, inter = cfg.moe_intermediate_size, K = b.top_k, E = b.n_experts;
-  const int64_t pairs = n * K;
-  DSV_ASSERT(!b.split && sc.exl3_rows != nullptr && n <= sc.m && 3 * K <= 2 * E,
+  const int64_t pairs = n * K, e0 = b.expert_begin, e1 = e0 + static_cast<int64_t>(x.w1.size());
+  DSV_ASSERT(sc.exl3_rows != nullptr && n <= sc.m && 3 * K <= 2 * E,
              "EXL3 MoE by expert: {} tokens (scratch of {}), {} of {} experts", n, sc.m, K, E);
   // The host's bucketing: ids and weights down, then per sorted row its token, its routing weight
   // and, per pair, its sorted row (the un-sort); those go up into the router's scratch, which is
@@ -262,19 +297,27 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
   gpu::check_cuda(cudaMemcpyAsync(w.data(), sc.route_w, w.size() * 4, cudaMemcpyDeviceToHost, stream),
                   "MoE weights download");
   sync_stream("EXL3 MoE routing");
-  std::vector<int64_t> start(static_cast<size_t>(E + 1), 0);
+  // start[e - e0]: the first sorted row of local expert e; pairs of other ranks' experts get no row
+  // (un-sort index -1: a zero row).
+  std::vector<int64_t> start(static_cast<size_t>(e1 - e0 + 1), 0);
   for (int32_t e : ids) {
     DSV_CHECK(e >= 0 && e < E, "EXL3 MoE: router picked expert {} of {}", e, E);
-    ++start[static_cast<size_t>(e) + 1];
+    if (e >= e0 && e < e1) ++start[static_cast<size_t>(e - e0) + 1];
   }
-  for (int64_t e = 0; e < E; ++e) start[static_cast<size_t>(e + 1)] += start[static_cast<size_t>(e)];
+  for (int64_t e = 0; e < e1 - e0; ++e) start[static_cast<size_t>(e + 1)] += start[static_cast<size_t>(e)];
+  const int64_t local = start.back();
   std::vector<int32_t> staged(static_cast<size_t>(3 * pairs));  // token | weight bits | un-sort
   int32_t* token_of = staged.data();
   float* weight_of = reinterpret_cast<float*>(staged.data() + pairs);
   int32_t* row_of = staged.data() + 2 * pairs;
   std::vector<int64_t> fill(start.begin(), start.end() - 1);
   for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t r = fill[static_cast<size_t>(ids[static_cast<size_t>(p)])]++;
+    const int64_t e = ids[static_cast<size_t>(p)];
+    if (e < e0 || e >= e1) {
+      row_of[p] = -1;
+      continue;
+    }
+    const int64_t r = fill[static_cast<size_t>(e - e0)]++;
     token_of[r] = static_cast<int32_t>(p / K);
     weight_of[r] = w[static_cast<size_t>(p)];
     row_of[p] = static_cast<int32_t>(r);
@@ -287,9 +330,9 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
   const int32_t* d_row = dev + 2 * pairs;
 
   float* rows = sc.exl3_rows;
-  gpu::gather_rows({sc.x, n, dim, d_token, rows, dim, pairs, dim}, stream);
-  auto each_expert = [&](auto&& f) {
-    for (int64_t e = 0; e < E; ++e) {
+  gpu::gather_rows({sc.x, n, dim, d_token, rows, dim, local, dim}, stream);
+  auto each_expert = [&](auto&& f) {  // local expert index, first sorted row, rows
+    for (int64_t e = 0; e < e1 - e0; ++e) {
       const int64_t r0 = start[static_cast<size_t>(e)], cnt = start[static_cast<size_t>(e + 1)] - r0;
       if (cnt > 0) f(static_cast<size_t>(e), r0, cnt);
     }
@@ -299,21 +342,27 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
     linear_exl3(x.w3[e], rows + r0 * dim, dim, cnt, sc.eu + r0 * inter, inter, false);
   });
   // Rounding is row-wise: one launch for all the experts' rows.
-  gpu::scale_round({sc.eg, pairs, inter, inter, 1.0f}, stream);
-  gpu::scale_round({sc.eu, pairs, inter, inter, 1.0f}, stream);
+  gpu::scale_round({sc.eg, local, inter, inter, 1.0f}, stream);
+  gpu::scale_round({sc.eu, local, inter, inter, 1.0f}, stream);
   const float limit = static_cast<float>(cfg.swiglu_limit);
-  gpu::swiglu({sc.eg, sc.eu, pairs, inter, d_weight, limit, sc.eg}, stream);
+  gpu::swiglu({sc.eg, sc.eu, local, inter, d_weight, limit, sc.eg}, stream);
   each_expert([&](size_t e, int64_t r0, int64_t cnt) {
     linear_exl3(x.w2[e], sc.eg + r0 * inter, inter, cnt, rows + r0 * dim, dim, false);
   });
-  gpu::scale_round({rows, pairs, dim, dim, 1.0f}, stream);
-  gpu::gather_rows({rows, pairs, dim, d_row, sc.routed, dim, pairs, dim}, stream);  // back to pair order
+  gpu::scale_round({rows, local, dim, dim, 1.0f}, stream);
+  gpu::gather_rows({rows, local, dim, d_row, sc.routed, dim, pairs, dim}, stream);  // back to pair order
 
-  linear_exl3(b.sh_w1, sc.x, dim, n, sc.sg, inter, true);
-  linear_exl3(b.sh_w3, sc.x, dim, n, sc.su, inter, true);
-  gpu::swiglu({sc.sg, sc.su, n, inter, nullptr, limit, sc.sg}, stream);
-  linear_exl3(b.sh_w2, sc.sg, inter, n, sc.shared, dim, true);
-  gpu::moe_combine({sc.routed, sc.ids, n, K, dim, sc.shared, sc.y}, stream);
+  // The shared expert (split: column slices into zeroed rows, all-reduced; moe_rows).
+  const MoeRows mr = moe_rows(b, n);
+  if (b.split) tp_zero(mr.sg, 2 * n * inter);
+  linear_exl3(b.sh_w1, sc.x, dim, n, mr.sg + b.sh_inter_begin, inter, true);
+  linear_exl3(b.sh_w3, sc.x, dim, n, mr.su + b.sh_inter_begin, inter, true);
+  if (b.split) tp_sum(mr.sg, 2 * n * inter);
+  gpu::swiglu({mr.sg, mr.su, n, inter, nullptr, limit, mr.sg}, stream);
+  if (b.split) tp_zero(mr.shared, n * dim);
+  linear_exl3(b.sh_w2, mr.sg, inter, n, mr.shared + b.sh_dim_begin, dim, true);
+  if (b.split) tp_sum(sc.routed, (pairs + n) * dim);  // the routed rows and mr.shared after them
+  gpu::moe_combine({sc.routed, sc.ids, n, K, dim, mr.shared, sc.y}, stream);
   ++path_stats.exl3_moe_by_expert;
 }
 

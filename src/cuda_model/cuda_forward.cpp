@@ -236,12 +236,13 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
 // The head's fp32 logits (cpu_model.cpp head_logits) of `rows` normed rows x [rows][dim] -> y [rows][vocab]
 // (also the DSpark draft's, cuda_dspark.cpp).
 void Impl::head_logits(const float* x, int64_t rows, float* y) {
-  if (head_exl3.loaded()) {  // EXL3 head: fp32 logits straight from the linear
-    linear(head_exl3, x, cfg.hidden_size, rows, y, cfg.vocab_size, false);
-    return;
-  }
   // Tensor parallelism: this rank's vocabulary rows into a zeroed [rows][vocab], all-reduced.
   if (head_split) tp_zero(y, rows * cfg.vocab_size);
+  if (head_exl3.loaded()) {  // EXL3 head: fp32 logits straight from the linear
+    linear(head_exl3, x, cfg.hidden_size, rows, y + vocab_begin, cfg.vocab_size, false);
+    if (head_split) tp_sum(y, rows * cfg.vocab_size);
+    return;
+  }
   gpu::DenseArgs ha;
   ha.w = head.get();
   ha.wt = head_type;

@@ -339,8 +339,11 @@ struct Impl {
   void sync_event(cudaEvent_t e, const char* what);
   void step_done(const char* what);  // the step's last wait (then the collectives' timing)
   // ---- EXL3 (src/cuda_model/cuda_exl3.cpp) ----
-  GpuLinear upload_exl3(const std::string& prefix, int64_t in, int64_t out);
-  void load_exl3_experts(GpuBlock& b, const std::string& ffn_prefix);  // after the shared expert
+  // An EXL3 linear, or (tensor parallelism) its outputs [row_begin, row_end) (row_end < 0: all).
+  GpuLinear upload_exl3(const std::string& prefix, int64_t in, int64_t out, int64_t row_begin = 0,
+                        int64_t row_end = -1);
+  // Routed experts [b.expert_begin, expert_end), after the shared expert.
+  void load_exl3_experts(GpuBlock& b, const std::string& ffn_prefix, int64_t expert_end);
   void alloc_exl3_workspaces();
   void linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                    bool round);

@@ -117,10 +117,7 @@ GpuLinear Impl::upload_linear_rows(const std::string& prefix, int64_t in, int64_
   if (row_begin == 0 && row_end == out) return upload_linear(prefix, in, out, kind_int);
   const auto kind = static_cast<LinearKind>(kind_int);
   const Checkpoint& ck = *ckpt;
-  DSV_CHECK(!exl3::is_exl3_linear(ck, prefix),
-            "{}: tensor parallelism on the CUDA backend does not split EXL3 linears yet; use --world-size 1 or "
-            "--device cpu",
-            prefix);
+  if (exl3::is_exl3_linear(ck, prefix)) return upload_exl3(prefix, in, out, row_begin, row_end);
   DSV_CHECK(row_begin >= 0 && row_begin < row_end && row_end <= out, "{}: row slice [{}, {}) of {} rows", prefix,
             row_begin, row_end, out);
   const int64_t rows = row_end - row_begin;
@@ -203,7 +200,10 @@ void Impl::load_block(GpuBlock& b, int64_t layer, const std::string& prefix_arg,
     b.head_begin = split ? gr.begin * (H / G) : 0;
     b.n_heads = split ? gr.size() * (H / G) : H;
   }
-  const dist::Range dim_rows = split ? tp_share(dim, 32, "hidden columns") : dist::Range{0, dim};
+  // Output splits start at multiples of 32 (FP8 scale blocks), or of 128 in an EXL3 checkpoint
+  // (whole Hadamard blocks, upload_exl3).
+  const int64_t align = c.quant.method == "exl3" ? 128 : 32;
+  const dist::Range dim_rows = split ? tp_share(dim, align, "hidden columns") : dist::Range{0, dim};
   const int kAuto = static_cast<int>(LinearKind::kAuto), kBF16 = static_cast<int>(LinearKind::kBF16),
             kF32 = static_cast<int>(LinearKind::kF32);
   b.wq_a = upload_linear(ap + ".wq_a", dim, c.q_lora_rank, kAuto);
@@ -299,24 +299,21 @@ void Impl::load_block(GpuBlock& b, int64_t layer, const std::string& prefix_arg,
     weight_bytes += static_cast<int64_t>(k.packed.bytes() + k.scales.bytes());
     weight_bytes_fp4 += static_cast<int64_t>(k.packed.bytes() + k.scales.bytes());
   };
-  // EXL3 routed experts run through the grouped MoE kernels (cuda_exl3.cpp), with the shared expert.
+  // EXL3 routed experts run through the grouped MoE kernels with the shared expert, or expert by expert
+  // (large passes; a split layer always: its rank's experts only), cuda_exl3.cpp.
   const bool exl3_experts = exl3::is_exl3_linear(ck, fp + ".experts.0.w1");
-  DSV_CHECK(!(split && exl3_experts),
-            "{}.experts: tensor parallelism on the CUDA backend does not split EXL3 experts yet; use --world-size 1 or "
-            "--device cpu",
-            fp);
   if (!exl3_experts) {
     bank(b.w1, "w1", dim, inter);
     bank(b.w2, "w2", inter, dim);
     bank(b.w3, "w3", dim, inter);
   }
-  const dist::Range inter_rows = split ? tp_share(inter, 32, "shared-expert columns") : dist::Range{0, inter};
+  const dist::Range inter_rows = split ? tp_share(inter, align, "shared-expert columns") : dist::Range{0, inter};
   b.sh_w1 = upload_linear_rows(fp + ".shared_experts.w1", dim, inter, inter_rows.begin, inter_rows.end, kAuto);
   b.sh_w2 = upload_linear_rows(fp + ".shared_experts.w2", inter, dim, dim_rows.begin, dim_rows.end, kAuto);
   b.sh_w3 = upload_linear_rows(fp + ".shared_experts.w3", dim, inter, inter_rows.begin, inter_rows.end, kAuto);
   b.sh_inter_begin = inter_rows.begin;
   b.sh_dim_begin = dim_rows.begin;
-  if (exl3_experts) load_exl3_experts(b, fp);
+  if (exl3_experts) load_exl3_experts(b, fp, experts.end);
 
   if (!is_dspark && c.is_engram_layer(layer)) {
     b.has_engram = true;
@@ -390,17 +387,16 @@ void Impl::load(const std::string& dir) {
   // Tensor parallelism: the head's vocabulary rows [vocab_begin, vocab_end) (cuda_tp.cpp).
   vocab_begin = 0;
   vocab_end = c.vocab_size;
+  const bool exl3_head = exl3::is_exl3_linear(*ckpt, "head");
   if (tp_world > 1) {
-    DSV_CHECK(!exl3::is_exl3_linear(*ckpt, "head"),
-              "head: tensor parallelism on the CUDA backend does not split an EXL3 head yet; use --world-size 1 or "
-              "--device cpu");
-    const dist::Range vr = tp_share(c.vocab_size, 32, "vocabulary");  // 32: aligned logit columns
+    // 32: aligned logit columns; 128: whole Hadamard blocks of an EXL3 head (upload_exl3)
+    const dist::Range vr = tp_share(c.vocab_size, exl3_head ? 128 : 32, "vocabulary");
     vocab_begin = vr.begin;
     vocab_end = vr.end;
     head_split = true;
   }
-  if (exl3::is_exl3_linear(*ckpt, "head")) {
-    head_exl3 = upload_exl3("head", c.hidden_size, c.vocab_size);  // head_bits 1..8 (EXL3.md §1.8)
+  if (exl3_head) {  // head_bits 1..8 (EXL3.md §1.8)
+    head_exl3 = upload_exl3("head", c.hidden_size, c.vocab_size, vocab_begin, vocab_end);
   } else {
     const TensorInfo& hw = ckpt->get("head.weight");
     DSV_CHECK(hw.shape == std::vector<int64_t>({c.vocab_size, c.hidden_size}),

@@ -65,8 +65,8 @@ namespace {
 
 // gather_rows: row r of dst is row idx[r] of src, bit for bit (NaN payloads, infinities, -0 too),
 // for the EXL3 MoE's shapes (the real hidden width, 16-byte copies) and odd widths and strides
-// (element copies); the columns past `cols` and the guard bytes stay untouched, and an index
-// outside src gives a NaN row instead of a read out of bounds.
+// (element copies); the columns past `cols` and the guard bytes stay untouched, a negative index
+// gives a zero row, and an index past src a NaN row instead of a read out of bounds.
 TEST(GpuOps, GatherRowsExact) {
   struct Case {
     int64_t src_rows, rows, cols, src_stride, dst_stride;
@@ -81,13 +81,15 @@ TEST(GpuOps, GatherRowsExact) {
     std::vector<int32_t> idx(static_cast<size_t>(k.rows));
     for (int32_t& i : idx) i = static_cast<int32_t>(rng.g() % static_cast<uint64_t>(k.src_rows));
     idx.back() = static_cast<int32_t>(k.src_rows);  // one past the end
+    idx.front() = -1;                               // no row
     Guarded ds = Guarded::from(src), di = Guarded::from(idx);
     Guarded dd(static_cast<size_t>(k.rows * k.dst_stride) * 4);
     std::vector<uint32_t> want = dd.host<uint32_t>();  // the poison, kept past `cols`
     for (int64_t r = 0; r < k.rows; ++r)
       for (int64_t c = 0; c < k.cols; ++c)
         want[static_cast<size_t>(r * k.dst_stride + c)] =
-            r + 1 == k.rows ? 0u : std::bit_cast<uint32_t>(src[static_cast<size_t>(idx[r] * k.src_stride + c)]);
+            r + 1 == k.rows || r == 0 ? 0u
+                                      : std::bit_cast<uint32_t>(src[static_cast<size_t>(idx[r] * k.src_stride + c)]);
     gpu::gather_rows({ds.as<float>(), k.src_rows, k.src_stride, di.as<int32_t>(), dd.as<float>(), k.dst_stride, k.rows,
                       k.cols},
                      nullptr);

@@ -18,6 +18,7 @@
 #if DSV41_HAS_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "dsv41/common/error.h"
 #include "dsv41/common/numeric.h"
@@ -48,6 +49,12 @@ int codebook_id(exl3::Codebook c) {
   }
   return 2;
 }
+
+// The MoE expert by expert: lanes (side streams) and the experts' k-split cap. Measured on the
+// H200 (3-layer real-size model, 2,048-token passes, bench/RESULTS.md): 1 lane 10,271 tokens/s,
+// 4 lanes 15,173 (8 lanes 15,663 for twice the workspaces); the cap moves it by < 2 %.
+constexpr int kExl3ExpertLanes = 4;
+constexpr int kExl3ExpertSplits = 4;
 
 // Tokens per grouped-MoE call: the kernels take m <= 8 tokens and m * top_k <= 128 selections.
 int64_t moe_tokens_per_call(int64_t top_k) { return std::min<int64_t>(8, 128 / top_k); }
@@ -192,6 +199,51 @@ void Impl::alloc_exl3_workspaces() {
     exl3_ws = DeviceBuffer(exl3_ws_bytes);
     ops::exl3_workspace_init(exl3_ws.get(), exl3_ws.bytes(), stream);
   }
+  // Lanes for the MoE expert by expert (large passes, split layers), in EXL3 checkpoints only. One
+  // expert's GEMM at ~32 rows is a short launch with a fixed ramp and k-split reduction, so several
+  // run side by side, each with fewer k-splits. DSV41_EXL3_EXPERT_LANES / _SPLITS override the
+  // defaults (benchmarks; 1 lane: one after another on the model's stream).
+  const bool exl3_experts = std::any_of(blocks.begin(), blocks.end(), [](const GpuBlock& b) { return b.x_experts.loaded(); });
+  if (exl3_experts && exl3_ws_bytes > 0) {
+    auto env_int = [](const char* name, int dflt, int lo, int hi) {
+      const char* v = std::getenv(name);
+      if (!v) return dflt;
+      char* end = nullptr;
+      const long t = std::strtol(v, &end, 10);
+      DSV_CHECK(end != v && *end == '\0' && t >= lo && t <= hi, "{}={}: expected {}..{}", name, v, lo, hi);
+      return static_cast<int>(t);
+    };
+    const int lanes = env_int("DSV41_EXL3_EXPERT_LANES", kExl3ExpertLanes, 1, 16);
+    exl3_max_splits = env_int("DSV41_EXL3_EXPERT_SPLITS", kExl3ExpertSplits, 0, 64);
+    if (lanes > 1) {
+      // A lane runs the experts' GEMMs only: its workspace covers their shapes at every row count
+      // of a pass, with the capped split count (linear_exl3).
+      size_t lane_bytes = 0;
+      std::vector<std::array<int32_t, 4>> seen;
+      for (const GpuBlock& b : blocks)
+        for (const auto* table : {&b.x_experts.w1, &b.x_experts.w2, &b.x_experts.w3})
+          for (const GpuLinear& l : *table) {
+            const std::array<int32_t, 4> shape{l.exl3.k, l.exl3.n, l.exl3.bits, l.exl3.codebook};
+            if (std::find(seen.begin(), seen.end(), shape) != seen.end()) continue;
+            seen.push_back(shape);
+            const int64_t most = std::min(std::max<int64_t>(1, opts.max_chunk_tokens), ops::exl3_gemm_max_rows(l.exl3));
+            for (int64_t m = 1; m <= most; ++m) {
+              ops::GemmPlan plan = ops::exl3_gemm_plan(l.exl3, m);
+              if (exl3_max_splits > 0 && plan.path == ops::GemmPath::Large && plan.splits > exl3_max_splits)
+                plan = ops::exl3_gemm_plan(l.exl3, m, ops::GemmPath::Auto, exl3_max_splits);
+              lane_bytes = std::max(lane_bytes, plan.workspace);
+            }
+          }
+      gpu::check_cuda(cudaEventCreateWithFlags(&exl3_fork, cudaEventDisableTiming), "EXL3 lane event");
+      exl3_lanes.resize(static_cast<size_t>(lanes));
+      for (Exl3Lane& l : exl3_lanes) {
+        gpu::check_cuda(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking), "EXL3 lane stream");
+        gpu::check_cuda(cudaEventCreateWithFlags(&l.done, cudaEventDisableTiming), "EXL3 lane event");
+        l.ws = DeviceBuffer(lane_bytes);
+        ops::exl3_workspace_init(l.ws.get(), l.ws.bytes(), stream);
+      }
+    }
+  }
   if (exl3_moe_ws_bytes > 0) {
     exl3_moe_ws = DeviceBuffer(exl3_moe_ws_bytes);
     ops::exl3_workspace_init(exl3_moe_ws.get(), exl3_moe_ws.bytes(), stream);
@@ -203,7 +255,8 @@ void Impl::alloc_exl3_workspaces() {
 // outputs trimmed by the kernel), then the reference's bf16 rounding where asked. Rows beyond one
 // call's reach (ops::exl3_gemm_max_rows: ~1,024 for the head) go in several calls.
 void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
-                       bool round) {
+                       bool round, const Exl3Lane* lane, int max_splits) {
+  cudaStream_t s = lane ? lane->stream : stream;
   ops::GemmParams p;
   p.w = l.exl3;
   p.x_type = ops::ActType::F32;
@@ -212,18 +265,23 @@ void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int
   p.y_type = ops::ActType::F32;
   p.y_cols = l.out;
   p.y_stride = y_stride;
-  p.workspace = exl3_ws.get();
-  p.workspace_bytes = exl3_ws.bytes();
+  p.workspace = lane ? lane->ws.get() : exl3_ws.get();
+  p.workspace_bytes = lane ? lane->ws.bytes() : exl3_ws.bytes();
   const int64_t most = ops::exl3_gemm_max_rows(l.exl3);
   for (int64_t r0 = 0; r0 < m; r0 += most) {
     p.m = std::min(most, m - r0);
     p.x = x + r0 * x_stride;
     p.y = y + r0 * y_stride;
-    ops::exl3_gemm(p, stream);
+    p.splits = 0;
+    if (max_splits > 0) {  // the large path's own k-split count, capped (fewer partials to sum)
+      const ops::GemmPlan own = ops::exl3_gemm_plan(l.exl3, p.m);
+      if (own.path == ops::GemmPath::Large && own.splits > max_splits) p.splits = max_splits;
+    }
+    ops::exl3_gemm(p, s);
   }
   if (round) {
     gpu::ScaleRoundArgs r{y, m, l.out, y_stride, 1.0f};
-    gpu::scale_round(r, stream);
+    gpu::scale_round(r, s);
   }
 }
 
@@ -337,18 +395,41 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
       if (cnt > 0) f(static_cast<size_t>(e), r0, cnt);
     }
   };
+  // The experts' GEMMs on the lanes, expert i on lane i % lanes (each GEMM's arithmetic is its own:
+  // results do not depend on the lanes), forked from and joined back into the model's stream.
+  const auto n_lanes = static_cast<int64_t>(exl3_lanes.size());
+  auto fork = [&] {
+    if (n_lanes == 0) return;
+    gpu::check_cuda(cudaEventRecord(exl3_fork, stream), "EXL3 lanes fork");
+    for (const Exl3Lane& l : exl3_lanes) gpu::check_cuda(cudaStreamWaitEvent(l.stream, exl3_fork), "EXL3 lanes fork");
+  };
+  auto join = [&] {
+    for (const Exl3Lane& l : exl3_lanes) {
+      gpu::check_cuda(cudaEventRecord(l.done, l.stream), "EXL3 lanes join");
+      gpu::check_cuda(cudaStreamWaitEvent(stream, l.done), "EXL3 lanes join");
+    }
+  };
+  int64_t turn = 0;
+  auto lane = [&]() -> const Exl3Lane* {
+    return n_lanes == 0 ? nullptr : &exl3_lanes[static_cast<size_t>(turn++ % n_lanes)];
+  };
+  fork();
   each_expert([&](size_t e, int64_t r0, int64_t cnt) {
-    linear_exl3(x.w1[e], rows + r0 * dim, dim, cnt, sc.eg + r0 * inter, inter, false);
-    linear_exl3(x.w3[e], rows + r0 * dim, dim, cnt, sc.eu + r0 * inter, inter, false);
+    const Exl3Lane* on = lane();
+    linear_exl3(x.w1[e], rows + r0 * dim, dim, cnt, sc.eg + r0 * inter, inter, false, on, exl3_max_splits);
+    linear_exl3(x.w3[e], rows + r0 * dim, dim, cnt, sc.eu + r0 * inter, inter, false, on, exl3_max_splits);
   });
+  join();
   // Rounding is row-wise: one launch for all the experts' rows.
   gpu::scale_round({sc.eg, local, inter, inter, 1.0f}, stream);
   gpu::scale_round({sc.eu, local, inter, inter, 1.0f}, stream);
   const float limit = static_cast<float>(cfg.swiglu_limit);
   gpu::swiglu({sc.eg, sc.eu, local, inter, d_weight, limit, sc.eg}, stream);
+  fork();
   each_expert([&](size_t e, int64_t r0, int64_t cnt) {
-    linear_exl3(x.w2[e], sc.eg + r0 * inter, inter, cnt, rows + r0 * dim, dim, false);
+    linear_exl3(x.w2[e], sc.eg + r0 * inter, inter, cnt, rows + r0 * dim, dim, false, lane(), exl3_max_splits);
   });
+  join();
   gpu::scale_round({rows, local, dim, dim, 1.0f}, stream);
   gpu::gather_rows({rows, local, dim, d_row, sc.routed, dim, pairs, dim}, stream);  // back to pair order
 

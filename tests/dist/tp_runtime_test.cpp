@@ -42,18 +42,7 @@ const std::string kFix = DSV41_FIXTURES_DIR;
 
 fs::path temp_dir() { return dsv41::test::test_temp_dir("dsv41_tp_"); }
 
-// Waits up to timeout for the process; returns its exit code (-1: killed/timeout, then killed).
-int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  int st = 0;
-  while (std::chrono::steady_clock::now() < end) {
-    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    std::this_thread::sleep_for(20ms);
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &st, 0);
-  return -1;
-}
+using dsv41::test::wait_exit;
 
 using dsv41::test::slurp;
 

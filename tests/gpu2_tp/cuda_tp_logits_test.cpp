@@ -35,22 +35,9 @@ using dsv41::test::free_port;
 using dsv41::test::spawn_binary;
 const std::string kFix = DSV41_FIXTURES_DIR;
 
-int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  int st = 0;
-  while (std::chrono::steady_clock::now() < end) {
-    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    std::this_thread::sleep_for(20ms);
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &st, 0);
-  return -1;
-}
+using dsv41::test::wait_exit;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+using dsv41::test::slurp;
 
 struct TpCase {
   fs::path dir;

@@ -207,32 +207,28 @@ std::string token_map_of(const test::MkmodelVariant& v) {
   return kFixtures + "/" + v.fixture + "/engram_token_map.safetensors";
 }
 
-class CudaExl3Parity : public ::testing::TestWithParam<test::MkmodelVariant> {};
-
-TEST_P(CudaExl3Parity, MatchesCpuEngine) {
-  const test::MkmodelVariant& v = GetParam();
-  const std::string dir = std::string(::testing::TempDir()) + "/dsv41_gpu_exl3_" + v.name;
+// The variant's checkpoint, its prompt, compare_engines (by_expert_min_tokens as there).
+void compare_variant(const test::MkmodelVariant& v, const std::string& label, int64_t by_expert_min_tokens) {
+  const std::string dir = std::string(::testing::TempDir()) + "/dsv41_gpu_exl3_" + v.name +
+                          (by_expert_min_tokens >= 0 ? "_by_expert" : "");
   fs::remove_all(dir);
   const auto made = test::run_mkmodel(kFixtures, v, dir);
   ASSERT_EQ(made.exit_code, 0) << made.out;
   const int64_t vocab = load_model_config(dir + "/config.json").vocab_size;
-  compare_engines(dir, token_map_of(v), random_prompt(37, vocab, static_cast<uint32_t>(v.seed) * 7 + 1), 5, v.name);
+  compare_engines(dir, token_map_of(v), random_prompt(37, vocab, static_cast<uint32_t>(v.seed) * 7 + 1), 5, label,
+                  by_expert_min_tokens);
   fs::remove_all(dir);
 }
+
+class CudaExl3Parity : public ::testing::TestWithParam<test::MkmodelVariant> {};
+
+TEST_P(CudaExl3Parity, MatchesCpuEngine) { compare_variant(GetParam(), GetParam().name, -1); }
 
 // The MoE of prefill passes in the large-pass form (each expert once over all its rows: one EXL3
 // GEMM per expert and projection at the expert's row count), from 2 tokens on; decode steps keep
 // the grouped kernels. Same checkpoints, prompts and tolerances.
 TEST_P(CudaExl3Parity, ByExpertMoeMatchesCpuEngine) {
-  const test::MkmodelVariant& v = GetParam();
-  const std::string dir = std::string(::testing::TempDir()) + "/dsv41_gpu_exl3_by_expert_" + v.name;
-  fs::remove_all(dir);
-  const auto made = test::run_mkmodel(kFixtures, v, dir);
-  ASSERT_EQ(made.exit_code, 0) << made.out;
-  const int64_t vocab = load_model_config(dir + "/config.json").vocab_size;
-  compare_engines(dir, token_map_of(v), random_prompt(37, vocab, static_cast<uint32_t>(v.seed) * 7 + 1), 5,
-                  v.name + " by expert", 2);
-  fs::remove_all(dir);
+  compare_variant(GetParam(), GetParam().name + " by expert", 2);
 }
 
 // The wo_a slices in their unquantized form (`wo_a.slice.{g}.weight`, F16, as exllamav3 stores a

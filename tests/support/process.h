@@ -1,15 +1,21 @@
-// Child processes for the multi-process tests (server, tensor-parallel ranks): a free TCP port and
-// the dsv41-serve binary under test (DSV41_BINARY) started with its output in a log file.
+// Child processes for the multi-process tests (server, tensor-parallel ranks): a free TCP port, the
+// dsv41-serve binary under test (DSV41_BINARY) started with its output in a log file, waiting for
+// it to exit, and reading its log.
 #pragma once
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern char** environ;
@@ -46,6 +52,26 @@ inline pid_t spawn_binary(std::vector<std::string> args, const std::filesystem::
   const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : -1;
+}
+
+// Waits up to `timeout` for the process; returns its exit code (-1: killed by a signal, or still
+// running at the timeout, then killed).
+inline int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  int st = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &st, 0);
+  return -1;
+}
+
+// A file's whole text (a child's log), empty when it cannot be read.
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 }  // namespace dsv41::test

@@ -38,11 +38,6 @@ inline void kill_and_reap(pid_t pid) {
   ::waitpid(pid, nullptr, 0);
 }
 
-inline std::string slurp(const tp_server_fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 // Polls /health until 200 (the port answers 503 while loading / waiting for workers).
 inline bool wait_healthy(int port, std::chrono::seconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;

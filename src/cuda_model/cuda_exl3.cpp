@@ -152,18 +152,18 @@ void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp, int64_t expert_
     down.push_back(x.w2.back().exl3);
     up.push_back(x.w3.back().exl3);
   }
-  // A split layer's MoE runs expert by expert over this rank's experts, its shared expert's column
-  // slices apart (moe_exl3_by_expert): no grouped-kernel tables.
-  if (b.split) {
-    DSV_CHECK(c.quant.method == "exl3" && 3 * b.top_k <= 2 * E,
-              "{}: tensor parallelism runs EXL3 experts expert by expert, which needs quantization method exl3 in the "
-              "config and 3 x experts per token <= 2 x experts ({} of {})",
-              fp, b.top_k, E);
-    return;
+  // A split layer's grouped tables hold this rank's experts only: its shared expert runs apart, in
+  // column slices (moe_exl3); its large passes run expert by expert.
+  const bool shared_in = !b.split;
+  DSV_CHECK(shared_in || (c.quant.method == "exl3" && 3 * b.top_k <= 2 * E),
+            "{}: tensor parallelism runs an EXL3 layer's large passes expert by expert, which needs quantization "
+            "method exl3 in the config and 3 x experts per token <= 2 x experts ({} of {})",
+            fp, b.top_k, E);
+  if (shared_in) {
+    gate.push_back(b.sh_w1.exl3);
+    down.push_back(b.sh_w2.exl3);
+    up.push_back(b.sh_w3.exl3);
   }
-  gate.push_back(b.sh_w1.exl3);
-  down.push_back(b.sh_w2.exl3);
-  up.push_back(b.sh_w3.exl3);
   x.hidden = gate.front().k;
   x.inter = gate.front().n;
   for (const auto* table : {&gate, &up, &down})
@@ -177,8 +177,8 @@ void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp, int64_t expert_
   p.gate = x.gate.as<ops::Exl3Matrix>();
   p.up = x.up.as<ops::Exl3Matrix>();
   p.down = x.down.as<ops::Exl3Matrix>();
-  p.n_experts = static_cast<int>(E);
-  p.has_shared = true;
+  p.n_experts = static_cast<int>(shared_in ? E : expert_end - b.expert_begin);
+  p.has_shared = shared_in;
   p.hidden = x.hidden;
   p.inter = x.inter;
   p.max_bits = x.max_bits;
@@ -294,19 +294,33 @@ void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
   // tensor parallelism captures no graphs).
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   gpu::check_cuda(cudaStreamIsCapturing(stream, &capturing), "EXL3 MoE: capture status");
-  if (b.split || (opts.exl3_by_expert_min_tokens > 0 && n >= opts.exl3_by_expert_min_tokens && sc.exl3_rows &&
-                  3 * b.top_k <= 2 * b.n_experts && capturing == cudaStreamCaptureStatusNone)) {
+  if (opts.exl3_by_expert_min_tokens > 0 && n >= opts.exl3_by_expert_min_tokens && sc.exl3_rows &&
+      3 * b.top_k <= 2 * b.n_experts && capturing == cudaStreamCaptureStatusNone) {
     moe_exl3_by_expert(b, n);
     return;
   }
   const GpuExl3Experts& x = b.x_experts;
-  const int64_t dim = cfg.hidden_size, K = b.top_k, per = moe_tokens_per_call(K);
+  const int64_t dim = cfg.hidden_size, K = b.top_k, per = moe_tokens_per_call(K), pairs = n * K;
+  // A split layer (tensor parallelism): the grouped kernels over this rank's experts only (other
+  // ranks' pairs get id -1, skipped) give each token's partial sum, rounded to bf16 as the kernels
+  // round their sum; the ranks all-reduce the partials with the shared expert's slices and add them
+  // (a combine of one slot per token). That is two more roundings than one GPU's single sum, within
+  // the EXL3 tolerances (tests/gpu2_tp/cuda_tp_exl3_test.cpp).
+  const int32_t* ids = sc.ids;
+  float* y = sc.y;
+  const MoeRows mr = moe_rows(b, n);
+  float* part = b.split ? mr.shared - n * dim : nullptr;  // right before the shared rows: one all-reduce
+  if (b.split) {
+    ids = tp_local_expert_ids(b, pairs, static_cast<int64_t>(x.w1.size()));
+    y = part;
+    tp_zero(part, n * dim);  // a token none of whose experts is here keeps zeros
+  }
   ops::MoeParams p;
   p.gate = x.gate.as<ops::Exl3Matrix>();
   p.up = x.up.as<ops::Exl3Matrix>();
   p.down = x.down.as<ops::Exl3Matrix>();
-  p.n_experts = static_cast<int>(b.n_experts);
-  p.has_shared = true;
+  p.n_experts = static_cast<int>(b.split ? static_cast<int64_t>(x.w1.size()) : b.n_experts);
+  p.has_shared = !b.split;
   p.hidden = x.hidden;
   p.inter = x.inter;
   p.max_bits = x.max_bits;
@@ -322,12 +336,28 @@ void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
   for (int64_t t0 = 0; t0 < n; t0 += per) {
     p.m = static_cast<int>(std::min(per, n - t0));
     p.x = sc.x + t0 * dim;
-    p.topk_ids = sc.ids + t0 * K;
+    p.topk_ids = ids + t0 * K;
     p.topk_weights = sc.route_w + t0 * K;
-    p.y = sc.y + t0 * dim;
+    p.y = y + t0 * dim;
     ops::exl3_moe(p, stream);
     ++path_stats.exl3_moe_grouped_calls;
   }
+  if (b.split) {
+    shared_expert_exl3(b, n, mr);
+    tp_sum(part, 2 * n * dim);  // the partials and mr.shared after them
+    gpu::moe_combine({part, tp_zero_ids.as<int32_t>(), n, 1, dim, mr.shared, sc.y}, stream);
+  }
+}
+
+void Impl::shared_expert_exl3(const GpuBlock& b, int64_t n, const MoeRows& mr) {
+  const int64_t dim = cfg.hidden_size, inter = cfg.moe_intermediate_size;
+  if (b.split) tp_zero(mr.sg, 2 * n * inter);
+  linear_exl3(b.sh_w1, sc.x, dim, n, mr.sg + b.sh_inter_begin, inter, true);
+  linear_exl3(b.sh_w3, sc.x, dim, n, mr.su + b.sh_inter_begin, inter, true);
+  if (b.split) tp_sum(mr.sg, 2 * n * inter);
+  gpu::swiglu({mr.sg, mr.su, n, inter, nullptr, static_cast<float>(cfg.swiglu_limit), mr.sg}, stream);
+  if (b.split) tp_zero(mr.shared, n * dim);
+  linear_exl3(b.sh_w2, mr.sg, inter, n, mr.shared + b.sh_dim_begin, dim, true);
 }
 
 // The MoE of an EXL3 layer for a large pass, in the CPU engine's own form (block.cpp moe): each
@@ -437,15 +467,8 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
   gpu::scale_round({rows, local, dim, dim, 1.0f}, stream);
   gpu::gather_rows({rows, local, dim, d_row, sc.routed, dim, pairs, dim}, stream);  // back to pair order
 
-  // The shared expert (split: column slices into zeroed rows, all-reduced; moe_rows).
   const MoeRows mr = moe_rows(b, n);
-  if (b.split) tp_zero(mr.sg, 2 * n * inter);
-  linear_exl3(b.sh_w1, sc.x, dim, n, mr.sg + b.sh_inter_begin, inter, true);
-  linear_exl3(b.sh_w3, sc.x, dim, n, mr.su + b.sh_inter_begin, inter, true);
-  if (b.split) tp_sum(mr.sg, 2 * n * inter);
-  gpu::swiglu({mr.sg, mr.su, n, inter, nullptr, limit, mr.sg}, stream);
-  if (b.split) tp_zero(mr.shared, n * dim);
-  linear_exl3(b.sh_w2, mr.sg, inter, n, mr.shared + b.sh_dim_begin, dim, true);
+  shared_expert_exl3(b, n, mr);
   if (b.split) tp_sum(sc.routed, (pairs + n) * dim);  // the routed rows and mr.shared after them
   gpu::moe_combine({sc.routed, sc.ids, n, K, dim, mr.shared, sc.y}, stream);
   ++path_stats.exl3_moe_by_expert;

@@ -315,6 +315,7 @@ struct Impl {
   bool head_split = false;
   int64_t vocab_begin = 0, vocab_end = 0;
   DeviceBuffer tp_ids;
+  DeviceBuffer tp_zero_ids;  // [m] zeros: a combine of one slot per token (cuda_exl3.cpp)
 
   ~Impl();
   // ---- loading (src/cuda_model/cuda_load.cpp) ----
@@ -341,7 +342,9 @@ struct Impl {
     float *sg, *su, *shared;
   };
   MoeRows moe_rows(const GpuBlock& b, int64_t n) const;
-  const int32_t* tp_local_expert_ids(const GpuBlock& b, int64_t pairs);
+  // This rank's experts [expert_begin, expert_begin + count) as local ids, others -1 (count < 0:
+  // the FP4 bank's).
+  const int32_t* tp_local_expert_ids(const GpuBlock& b, int64_t pairs, int64_t count = -1);
   // The host's waits on `stream` inside a step. Under tensor parallelism the stream holds NCCL
   // work that a lost rank would never finish: these poll the collective's liveness (it aborts the
   // communicator, which ends the kernels, and throws) instead of blocking.
@@ -361,6 +364,10 @@ struct Impl {
                    bool round, const Exl3Lane* lane = nullptr, int max_splits = 0);
   void moe_exl3(const GpuBlock& b, int64_t n);
   void moe_exl3_by_expert(const GpuBlock& b, int64_t n);
+  // The shared expert of an EXL3 layer apart from the grouped kernels, into moe_rows(b, n).shared
+  // (a split layer: its column slices, the gate/up rows all-reduced here, the output rows zero
+  // elsewhere and left for the caller's all-reduce).
+  void shared_expert_exl3(const GpuBlock& b, int64_t n, const MoeRows& mr);
   CudaPathStats path_stats;  // CudaModel::path_stats
   // ---- state (src/cuda_model/cuda_state.cpp) ----
   std::unique_ptr<CudaSeqState> make_state() const;  // heap state with room for max_context tokens

@@ -304,8 +304,8 @@ void Impl::load_block(GpuBlock& b, int64_t layer, const std::string& prefix_arg,
     weight_bytes += static_cast<int64_t>(k.packed.bytes() + k.scales.bytes());
     weight_bytes_fp4 += static_cast<int64_t>(k.packed.bytes() + k.scales.bytes());
   };
-  // EXL3 routed experts run through the grouped MoE kernels with the shared expert, or expert by expert
-  // (large passes; a split layer always: its rank's experts only), cuda_exl3.cpp.
+  // EXL3 routed experts run through the grouped MoE kernels (with the shared expert, or a split
+  // layer's own experts only), or expert by expert for large passes: cuda_exl3.cpp.
   const bool exl3_experts = exl3::is_exl3_linear(ck, fp + ".experts.0.w1");
   if (!exl3_experts) {
     bank(b.w1, "w1", dim, inter);
@@ -453,6 +453,10 @@ void Impl::load(const std::string& dir) {
   alloc_exl3_workspaces();
   if (tp)  // the banks' local expert ids of one pass (cuda_tp.cpp)
     tp_ids = DeviceBuffer(static_cast<size_t>(sc.m * std::max(c.num_experts_per_tok, c.dspark_topk())) * 4);
+  if (tp) {
+    tp_zero_ids = DeviceBuffer(static_cast<size_t>(sc.m) * 4);
+    ops::gpu::check_cuda(cudaMemset(tp_zero_ids.get(), 0, tp_zero_ids.bytes()), "zero ids");
+  }
   const auto env_is = [](const char* name, const char* value) {
     const char* v = std::getenv(name);
     return v && std::string(v) == value;

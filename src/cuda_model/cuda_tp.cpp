@@ -56,11 +56,12 @@ Impl::MoeRows Impl::moe_rows(const GpuBlock& b, int64_t n) const {
   return {sc.sg, sc.sg + n * cfg.moe_intermediate_size, sc.routed + n * b.top_k * cfg.hidden_size};
 }
 
-const int32_t* Impl::tp_local_expert_ids(const GpuBlock& b, int64_t pairs) {
+const int32_t* Impl::tp_local_expert_ids(const GpuBlock& b, int64_t pairs, int64_t count) {
+  if (count < 0) count = b.w1.n;
   // The router's global ids stay in sc.ids for the combine (expert order); the banks take local ids.
   DSV_ASSERT(tp_ids.bytes() >= static_cast<size_t>(pairs) * 4, "local expert ids: {} pairs exceed the buffer", pairs);
   gpu::local_expert_ids(sc.ids, tp_ids.as<int32_t>(), pairs, static_cast<int32_t>(b.expert_begin),
-                        static_cast<int32_t>(b.expert_begin + b.w1.n), stream);
+                        static_cast<int32_t>(b.expert_begin + count), stream);
   return tp_ids.as<int32_t>();
 }
 

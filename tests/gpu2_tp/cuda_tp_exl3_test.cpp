@@ -4,9 +4,10 @@
 // blocks of every split linear), against the one-GPU run and the CPU engine, one-shot and chunked.
 //
 // A rank holds column slices of wq_b, wo_b, the shared expert and the head, and half the routed
-// experts (run expert by expert, cuda_exl3.cpp); the zero-filled all-reduces are exact, but a
-// sliced matrix gets its own k-split plan in the EXL3 GEMM, so its fp32 sums run in another order
-// than the whole matrix's and the results are not bit-identical to one GPU: they are held to the
+// experts (in the grouped kernels, or expert by expert for large passes: cuda_exl3.cpp); a sliced
+// matrix gets its own k-split plan in the EXL3 GEMM, so its fp32 sums run in another order than
+// the whole matrix's, and the grouped kernels round each rank's partial sum, so the results are
+// not bit-identical to one GPU: they are held to the
 // tolerances of the EXL3 parity test (tests/gpu_model/exl3_parity_test.cpp, which explains them):
 // logit rows worst <= 0.6 and median <= 0.15 of the row's range; in rows whose top-2 margin exceeds
 // 5 % of the range, the argmax agrees in at least 2/3.
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -125,8 +127,13 @@ TEST(CudaTensorParallelExl3, TwoGpusMatchOneGpuAndTheCpuEngine) {
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab_cfg));
   std::ofstream(dir / "prompt.json") << nlohmann::json(prompt).dump();
 
+  // Prefill passes in the grouped kernels (the default below 256 tokens), then expert by expert
+  // (every process of a run reads DSV41_EXL3_BY_EXPERT_MIN_TOKENS; decode steps stay grouped).
+  for (const char* by_expert : {"", "2"})
   for (const char* chunk : {"0", "6"}) {
-    const std::string label = std::string("chunk ") + chunk;
+    if (*by_expert) ::setenv("DSV41_EXL3_BY_EXPERT_MIN_TOKENS", by_expert, 1);
+    else ::unsetenv("DSV41_EXL3_BY_EXPERT_MIN_TOKENS");
+    const std::string label = std::string(*by_expert ? "by expert, " : "") + "chunk " + chunk;
     auto args = [&](const std::string& device, const std::string& out) {
       std::vector<std::string> a = {"logits", "--device", device, "--model", model, "--engram-token-map", map,
                                     "--prompt-ids", (dir / "prompt.json").string(), "--decode", "6", "--out", out};
@@ -156,6 +163,7 @@ TEST(CudaTensorParallelExl3, TwoGpusMatchOneGpuAndTheCpuEngine) {
     expect_rows_close(comparable(r2, r1), comparable(r1, r2), r1.vocab, label + ": two GPUs against one");
     expect_rows_close(comparable(r2, rc), comparable(rc, r2), rc.vocab, label + ": two GPUs against the CPU engine");
   }
+  ::unsetenv("DSV41_EXL3_BY_EXPERT_MIN_TOKENS");
   fs::remove_all(dir);
 }
 

@@ -25,8 +25,9 @@
 //    output is computed whole (full-K dot products, as at TP 1) into a zeroed buffer and the ranks
 //    all-reduce it, so every value is the TP 1 value plus exact zeros. Engram, the mHC, norms,
 //    routers, compressors and indexers are replicated. EXL3 checkpoints split the same parts at
-//    128-column blocks and run their MoE expert by expert (not bit-equal to TP 1: a sliced matrix
-//    has its own k-split plan; docs/TENSOR_PARALLEL.md). Not split yet: DSpark.
+//    128-column blocks, a rank's experts in the grouped kernels as partial sums or expert by
+//    expert (not bit-equal to TP 1: a sliced matrix has its own k-split plan, and the partials are
+//    rounded; docs/TENSOR_PARALLEL.md). Not split yet: DSpark.
 //  - One-token decode steps of several sequences in one forward(batch) call run as one pass; CUDA graphs of
 //    decode steps are optional (cuda_graphs below).
 #pragma once

@@ -288,10 +288,9 @@ void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int
 // The MoE of an EXL3 layer after the router (block.cpp moe): the selected experts and the shared
 // expert in one grouped call per (up to) 8 tokens, written to sc.y as bf16 values.
 void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
-  // (The bucketing borrows the router's scratch: 3 values per pair in [m][2E] floats, and waits
-  // for the router's ids on the host, which a decode step captured in a CUDA graph cannot.)
-  // A split layer always (its rank holds some experts and a column slice of the shared expert;
-  // tensor parallelism captures no graphs).
+  // Large passes run expert by expert. That form borrows the router's scratch (3 values per pair
+  // in [m][2E] floats) and waits for the router's ids on the host, which a step being captured
+  // into a CUDA graph cannot.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   gpu::check_cuda(cudaStreamIsCapturing(stream, &capturing), "EXL3 MoE: capture status");
   if (opts.exl3_by_expert_min_tokens > 0 && n >= opts.exl3_by_expert_min_tokens && sc.exl3_rows &&

@@ -129,6 +129,9 @@ TEST(CudaTensorParallelExl3, TwoGpusMatchOneGpuAndTheCpuEngine) {
 
   // Prefill passes in the grouped kernels (the default below 256 tokens), then expert by expert
   // (every process of a run reads DSV41_EXL3_BY_EXPERT_MIN_TOKENS; decode steps stay grouped).
+  struct UnsetAtExit {
+    ~UnsetAtExit() { ::unsetenv("DSV41_EXL3_BY_EXPERT_MIN_TOKENS"); }
+  } unset_at_exit;  // also when an assertion ends the test early
   for (const char* by_expert : {"", "2"})
   for (const char* chunk : {"0", "6"}) {
     if (*by_expert) ::setenv("DSV41_EXL3_BY_EXPERT_MIN_TOKENS", by_expert, 1);
@@ -163,7 +166,6 @@ TEST(CudaTensorParallelExl3, TwoGpusMatchOneGpuAndTheCpuEngine) {
     expect_rows_close(comparable(r2, r1), comparable(r1, r2), r1.vocab, label + ": two GPUs against one");
     expect_rows_close(comparable(r2, rc), comparable(rc, r2), rc.vocab, label + ": two GPUs against the CPU engine");
   }
-  ::unsetenv("DSV41_EXL3_BY_EXPERT_MIN_TOKENS");
   fs::remove_all(dir);
 }
 

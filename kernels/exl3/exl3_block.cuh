@@ -293,8 +293,9 @@ __device__ float* small_block(const cuda::Exl3Matrix& w, int ng, int kt0, int kt
 
 // ---- large m (64 rows per block) -----------------------------------------------------------
 // x_had [m][k] fp16 comes from the input-transform kernel. Warp w owns column tile w of the group;
-// every decoded tile feeds 8 mma (64 rows). x is staged 128 k-rows at a time, double-buffered
-// through registers. Results: red[64][128] (aliases the x buffers).
+// every decoded tile feeds up to 8 mma (64 rows; none for 16-row slices past the last row). x is
+// staged 128 k-rows at a time, double-buffered through registers. Results: red[64][128] (aliases
+// the x buffers).
 template <int K, int CB>
 __device__ void large_block(const cuda::Exl3Matrix& w, const __half* xh, int m, int tok0, int ng,
                             int kt0, int kt1, unsigned char* smem, float* red) {
@@ -305,6 +306,8 @@ __device__ void large_block(const cuda::Exl3Matrix& w, const __half* xh, int m, 
   const int ntn = w.n / 16;
   const int nsteps = kt1 - kt0;
   const int nch = nsteps / 8;
+  // 16-row slices holding valid rows: the mma of slices past the last row are skipped.
+  const int hmax = min(4, (min(m - tok0, cuda::kLargeRows) + 15) / 16);
   ColumnStream<K> cs{reinterpret_cast<uint32_t*>(smem) + warp * ColumnStream<K>::NG * kGroup * TW,
                      w.trellis + (static_cast<size_t>(kt0) * ntn + ng * 8 + warp) * 16 * K,
                      static_cast<size_t>(ntn) * 16 * K, nsteps / kGroup, lane};
@@ -358,6 +361,7 @@ __device__ void large_block(const cuda::Exl3Matrix& w, const __half* xh, int m, 
       a[3] = decode_pair<CB>(st[6], st[7]);
 #pragma unroll
       for (int h = 0; h < 4; ++h) {
+        if (h >= hmax) break;
         uint32_t b0, b1, b2, b3;
         ldmatrix_x4(b0, b1, b2, b3,
                     xb + (16 * h + (lane & 7) + ((lane >> 4) << 3)) * kLargeXStride + ks * 16 +

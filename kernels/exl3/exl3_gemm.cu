@@ -152,6 +152,16 @@ const Tables& tables() {
   return t;
 }
 
+}  // namespace
+}  // namespace dsv41::exl3::cuda
+
+namespace dsv41::exl3::dev {
+const KernelTable& kernel_table(int bits) { return cuda::tables().t[bits - 1]; }
+}  // namespace dsv41::exl3::dev
+
+namespace dsv41::exl3::cuda {
+namespace {
+
 StreamKernelFn stream_fn(const Exl3Matrix& w, GemmPath path) {
   const dev::KernelTable& t = tables().t[w.bits - 1];
   if (path == GemmPath::Int8) return w.codebook == 2 ? t.int8 : nullptr;

@@ -2,16 +2,20 @@
 // unit per K so that nvcc and ccache work per bit width).
 #pragma once
 #include "exl3/exl3_gemm_kernel.cuh"
+#include "exl3/exl3_grouped_kernel.cuh"
 #include "exl3/exl3_stream.cuh"
 
 namespace dsv41::exl3::dev {
 
 using GemmKernelFn = void (*)(GemmArgs);
 using StreamKernelFn = void (*)(StreamArgs);
+using GroupedKernelFn = void (*)(cuda::GroupedGemmParams);
 
-// Per codebook: the large-m kernel and the f16 stream kernel; the int8 stream kernel is MUL1 only.
+// Per codebook: the large-m kernel, the grouped kernel and the f16 stream kernel; the int8 stream
+// kernel is MUL1 only.
 struct KernelTable {
   GemmKernelFn large[3];
+  GroupedKernelFn grouped[3];
   StreamKernelFn f16[3];
   StreamKernelFn int8;
 };
@@ -21,6 +25,9 @@ void fill_gemm_table(KernelTable& t) {
   t.large[0] = gemm_kernel<K, 0>;
   t.large[1] = gemm_kernel<K, 1>;
   t.large[2] = gemm_kernel<K, 2>;
+  t.grouped[0] = grouped_kernel<K, 0>;
+  t.grouped[1] = grouped_kernel<K, 1>;
+  t.grouped[2] = grouped_kernel<K, 2>;
   t.f16[0] = stream_kernel<K, 0, false>;
   t.f16[1] = stream_kernel<K, 1, false>;
   t.f16[2] = stream_kernel<K, 2, false>;
@@ -35,5 +42,8 @@ void gemm_table_k5(KernelTable& table);
 void gemm_table_k6(KernelTable& table);
 void gemm_table_k7(KernelTable& table);
 void gemm_table_k8(KernelTable& table);
+
+// The filled table of K = bits (1..8), built once (exl3_gemm.cu).
+const KernelTable& kernel_table(int bits);
 
 }  // namespace dsv41::exl3::dev

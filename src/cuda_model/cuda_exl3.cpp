@@ -50,12 +50,6 @@ int codebook_id(exl3::Codebook c) {
   return 2;
 }
 
-// The MoE expert by expert: lanes (side streams) and the experts' k-split cap. Measured on the
-// H200 (3-layer real-size model, 2,048-token passes, bench/RESULTS.md): 1 lane 10,271 tokens/s,
-// 4 lanes 15,173 (8 lanes 15,663 for twice the workspaces); the cap moves it by < 2 %.
-constexpr int kExl3ExpertLanes = 4;
-constexpr int kExl3ExpertSplits = 4;
-
 // Tokens per grouped-MoE call: the kernels take m <= 8 tokens and m * top_k <= 128 selections.
 int64_t moe_tokens_per_call(int64_t top_k) { return std::min<int64_t>(8, 128 / top_k); }
 
@@ -155,10 +149,10 @@ void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp, int64_t expert_
   // A split layer's grouped tables hold this rank's experts only: its shared expert runs apart, in
   // column slices (moe_exl3); its large passes run expert by expert.
   const bool shared_in = !b.split;
-  DSV_CHECK(shared_in || (c.quant.method == "exl3" && 3 * b.top_k <= 2 * E),
+  DSV_CHECK(shared_in || c.quant.method == "exl3",
             "{}: tensor parallelism runs an EXL3 layer's large passes expert by expert, which needs quantization "
-            "method exl3 in the config and 3 x experts per token <= 2 x experts ({} of {})",
-            fp, b.top_k, E);
+            "method exl3 in the config",
+            fp);
   if (shared_in) {
     gate.push_back(b.sh_w1.exl3);
     down.push_back(b.sh_w2.exl3);
@@ -199,51 +193,6 @@ void Impl::alloc_exl3_workspaces() {
     exl3_ws = DeviceBuffer(exl3_ws_bytes);
     ops::exl3_workspace_init(exl3_ws.get(), exl3_ws.bytes(), stream);
   }
-  // Lanes for the MoE expert by expert (large passes, split layers), in EXL3 checkpoints only. One
-  // expert's GEMM at ~32 rows is a short launch with a fixed ramp and k-split reduction, so several
-  // run side by side, each with fewer k-splits. DSV41_EXL3_EXPERT_LANES / _SPLITS override the
-  // defaults (benchmarks; 1 lane: one after another on the model's stream).
-  const bool exl3_experts = std::any_of(blocks.begin(), blocks.end(), [](const GpuBlock& b) { return b.x_experts.loaded(); });
-  if (exl3_experts && exl3_ws_bytes > 0) {
-    auto env_int = [](const char* name, int dflt, int lo, int hi) {
-      const char* v = std::getenv(name);
-      if (!v) return dflt;
-      char* end = nullptr;
-      const long t = std::strtol(v, &end, 10);
-      DSV_CHECK(end != v && *end == '\0' && t >= lo && t <= hi, "{}={}: expected {}..{}", name, v, lo, hi);
-      return static_cast<int>(t);
-    };
-    const int lanes = env_int("DSV41_EXL3_EXPERT_LANES", kExl3ExpertLanes, 1, 16);
-    exl3_max_splits = env_int("DSV41_EXL3_EXPERT_SPLITS", kExl3ExpertSplits, 0, 64);
-    if (lanes > 1) {
-      // A lane runs the experts' GEMMs only: its workspace covers their shapes at every row count
-      // of a pass, with the capped split count (linear_exl3).
-      size_t lane_bytes = 0;
-      std::vector<std::array<int32_t, 4>> seen;
-      for (const GpuBlock& b : blocks)
-        for (const auto* table : {&b.x_experts.w1, &b.x_experts.w2, &b.x_experts.w3})
-          for (const GpuLinear& l : *table) {
-            const std::array<int32_t, 4> shape{l.exl3.k, l.exl3.n, l.exl3.bits, l.exl3.codebook};
-            if (std::find(seen.begin(), seen.end(), shape) != seen.end()) continue;
-            seen.push_back(shape);
-            const int64_t most = std::min(std::max<int64_t>(1, opts.max_chunk_tokens), ops::exl3_gemm_max_rows(l.exl3));
-            for (int64_t m = 1; m <= most; ++m) {
-              ops::GemmPlan plan = ops::exl3_gemm_plan(l.exl3, m);
-              if (exl3_max_splits > 0 && plan.path == ops::GemmPath::Large && plan.splits > exl3_max_splits)
-                plan = ops::exl3_gemm_plan(l.exl3, m, ops::GemmPath::Auto, exl3_max_splits);
-              lane_bytes = std::max(lane_bytes, plan.workspace);
-            }
-          }
-      gpu::check_cuda(cudaEventCreateWithFlags(&exl3_fork, cudaEventDisableTiming), "EXL3 lane event");
-      exl3_lanes.resize(static_cast<size_t>(lanes));
-      for (Exl3Lane& l : exl3_lanes) {
-        gpu::check_cuda(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking), "EXL3 lane stream");
-        gpu::check_cuda(cudaEventCreateWithFlags(&l.done, cudaEventDisableTiming), "EXL3 lane event");
-        l.ws = DeviceBuffer(lane_bytes);
-        ops::exl3_workspace_init(l.ws.get(), l.ws.bytes(), stream);
-      }
-    }
-  }
   if (exl3_moe_ws_bytes > 0) {
     exl3_moe_ws = DeviceBuffer(exl3_moe_ws_bytes);
     ops::exl3_workspace_init(exl3_moe_ws.get(), exl3_moe_ws.bytes(), stream);
@@ -255,8 +204,7 @@ void Impl::alloc_exl3_workspaces() {
 // outputs trimmed by the kernel), then the reference's bf16 rounding where asked. Rows beyond one
 // call's reach (ops::exl3_gemm_max_rows: ~1,024 for the head) go in several calls.
 void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
-                       bool round, const Exl3Lane* lane, int max_splits) {
-  cudaStream_t s = lane ? lane->stream : stream;
+                       bool round) {
   ops::GemmParams p;
   p.w = l.exl3;
   p.x_type = ops::ActType::F32;
@@ -265,36 +213,30 @@ void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int
   p.y_type = ops::ActType::F32;
   p.y_cols = l.out;
   p.y_stride = y_stride;
-  p.workspace = lane ? lane->ws.get() : exl3_ws.get();
-  p.workspace_bytes = lane ? lane->ws.bytes() : exl3_ws.bytes();
+  p.workspace = exl3_ws.get();
+  p.workspace_bytes = exl3_ws.bytes();
   const int64_t most = ops::exl3_gemm_max_rows(l.exl3);
   for (int64_t r0 = 0; r0 < m; r0 += most) {
     p.m = std::min(most, m - r0);
     p.x = x + r0 * x_stride;
     p.y = y + r0 * y_stride;
-    p.splits = 0;
-    if (max_splits > 0) {  // the large path's own k-split count, capped (fewer partials to sum)
-      const ops::GemmPlan own = ops::exl3_gemm_plan(l.exl3, p.m);
-      if (own.path == ops::GemmPath::Large && own.splits > max_splits) p.splits = max_splits;
-    }
-    ops::exl3_gemm(p, s);
+    ops::exl3_gemm(p, stream);
   }
   if (round) {
     gpu::ScaleRoundArgs r{y, m, l.out, y_stride, 1.0f};
-    gpu::scale_round(r, s);
+    gpu::scale_round(r, stream);
   }
 }
 
 // The MoE of an EXL3 layer after the router (block.cpp moe): the selected experts and the shared
 // expert in one grouped call per (up to) 8 tokens, written to sc.y as bf16 values.
 void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
-  // Large passes run expert by expert. That form borrows the router's scratch (3 values per pair
-  // in [m][2E] floats) and waits for the router's ids on the host, which a step being captured
-  // into a CUDA graph cannot.
+  // Large passes run expert by expert. That form waits for the router's ids on the host, which a
+  // step being captured into a CUDA graph cannot.
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   gpu::check_cuda(cudaStreamIsCapturing(stream, &capturing), "EXL3 MoE: capture status");
   if (opts.exl3_by_expert_min_tokens > 0 && n >= opts.exl3_by_expert_min_tokens && sc.exl3_rows &&
-      3 * b.top_k <= 2 * b.n_experts && capturing == cudaStreamCaptureStatusNone) {
+      capturing == cudaStreamCaptureStatusNone) {
     moe_exl3_by_expert(b, n);
     return;
   }
@@ -360,14 +302,16 @@ void Impl::shared_expert_exl3(const GpuBlock& b, int64_t n, const MoeRows& mr) {
 }
 
 // The MoE of an EXL3 layer for a large pass, in the CPU engine's own form (block.cpp moe): each
-// routed expert's three linears run once over all the rows that picked it, so a pass reads each
-// expert with tokens once (the grouped kernels above read every expert a call's 8 tokens picked,
-// per call: 256 calls of a 2048-token pass). The pairs are bucketed by expert on the host — one
-// download of the router's ids and weights per layer, since the per-expert row counts size the
-// GEMM launches — in pair order within an expert (the CPU engine's token order). Rounding points
-// and sums are the grouped kernels': g, u, the weighted activation, each expert's output and the
-// sum to bf16 values, a token's experts added in increasing id, the shared expert last
-// (moe_combine).
+// routed expert's three linears run over all the rows that picked it, so a pass reads each expert
+// with tokens once (the grouped decode kernels read every expert a call's 8 tokens picked, per
+// call: 256 calls of a 2048-token pass). The pairs are bucketed by expert on the host — one
+// download of the router's ids and weights per layer, since the per-expert row counts shape the
+// launches — in pair order within an expert (the CPU engine's token order). The experts' linears
+// then run as grouped GEMMs (kernels/exl3/exl3_grouped.h): the gathered, transformed inputs of
+// every sorted row, then one launch per projection and (bits, codebook) class, each block one
+// expert's 64 rows x 128 columns over the whole k. Rounding points and sums are the grouped decode
+// kernels': g, u, the weighted activation, each expert's output and the sum to bf16 values, a
+// token's experts added in increasing id, the shared expert last (moe_combine).
 //
 // Tensor parallelism (cuda_tp.cpp): a rank runs its experts [expert_begin, +w1.size()) and leaves
 // zero rows for the other ranks' pairs, its shared expert's column slices write into zeroed rows,
@@ -376,11 +320,8 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
   const GpuExl3Experts& x = b.x_experts;
   const int64_t dim = cfg.hidden_size, inter = cfg.moe_intermediate_size, K = b.top_k, E = b.n_experts;
   const int64_t pairs = n * K, e0 = b.expert_begin, e1 = e0 + static_cast<int64_t>(x.w1.size());
-  DSV_ASSERT(sc.exl3_rows != nullptr && n <= sc.m && 3 * K <= 2 * E,
-             "EXL3 MoE by expert: {} tokens (scratch of {}), {} of {} experts", n, sc.m, K, E);
-  // The host's bucketing: ids and weights down, then per sorted row its token, its routing weight
-  // and, per pair, its sorted row (the un-sort); those go up into the router's scratch, which is
-  // free once the router has run.
+  const model::Exl3SortLayout layout = model::exl3_sort_layout(pairs, dim, inter, E);
+  DSV_ASSERT(sc.exl3_rows != nullptr && n <= sc.m, "EXL3 MoE by expert: {} tokens (scratch of {})", n, sc.m);
   std::vector<int32_t> ids(static_cast<size_t>(pairs));
   std::vector<float> w(static_cast<size_t>(pairs));
   gpu::check_cuda(cudaMemcpyAsync(ids.data(), sc.ids, ids.size() * 4, cudaMemcpyDeviceToHost, stream),
@@ -388,8 +329,7 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
   gpu::check_cuda(cudaMemcpyAsync(w.data(), sc.route_w, w.size() * 4, cudaMemcpyDeviceToHost, stream),
                   "MoE weights download");
   sync_stream("EXL3 MoE routing");
-  // start[e - e0]: the first sorted row of local expert e; pairs of other ranks' experts get no row
-  // (un-sort index -1: a zero row).
+  // start[e - e0]: the first sorted row of local expert e; pairs of other ranks' experts get no row.
   std::vector<int64_t> start(static_cast<size_t>(e1 - e0 + 1), 0);
   for (int32_t e : ids) {
     DSV_CHECK(e >= 0 && e < E, "EXL3 MoE: router picked expert {} of {}", e, E);
@@ -397,74 +337,135 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
   }
   for (int64_t e = 0; e < e1 - e0; ++e) start[static_cast<size_t>(e + 1)] += start[static_cast<size_t>(e)];
   const int64_t local = start.back();
-  std::vector<int32_t> staged(static_cast<size_t>(3 * pairs));  // token | weight bits | un-sort
-  int32_t* token_of = staged.data();
-  float* weight_of = reinterpret_cast<float*>(staged.data() + pairs);
-  int32_t* row_of = staged.data() + 2 * pairs;
+  // The index, uploaded after the inputs' area of the scratch piece: per sorted row its token,
+  // routing weight, pair and local expert; then the tiles, launch by launch.
+  std::vector<int32_t> index(static_cast<size_t>(4 * pairs));
+  int32_t* token_of = index.data();
+  float* weight_of = reinterpret_cast<float*>(index.data() + pairs);
+  int32_t* pair_of = index.data() + 2 * pairs;
+  int32_t* expert_of = index.data() + 3 * pairs;
   std::vector<int64_t> fill(start.begin(), start.end() - 1);
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t e = ids[static_cast<size_t>(p)];
-    if (e < e0 || e >= e1) {
-      row_of[p] = -1;
-      continue;
-    }
+    if (e < e0 || e >= e1) continue;
     const int64_t r = fill[static_cast<size_t>(e - e0)]++;
     token_of[r] = static_cast<int32_t>(p / K);
     weight_of[r] = w[static_cast<size_t>(p)];
-    row_of[p] = static_cast<int32_t>(r);
+    pair_of[r] = static_cast<int32_t>(p);
+    expert_of[r] = static_cast<int32_t>(e - e0);
   }
-  auto* dev = reinterpret_cast<int32_t*>(sc.route_scratch);
-  gpu::check_cuda(cudaMemcpyAsync(dev, staged.data(), staged.size() * 4, cudaMemcpyHostToDevice, stream),
-                  "MoE buckets upload");
-  const int32_t* d_token = dev;
-  const float* d_weight = reinterpret_cast<const float*>(dev + pairs);
-  const int32_t* d_row = dev + 2 * pairs;
+  // Tiles by launch: (projection, bits, codebook) classes, each expert's rows in 64-row tiles.
+  struct Launch {
+    bool down;
+    int bits, codebook;
+    size_t first, count;
+  };
+  std::vector<Launch> launches;
+  std::vector<ops::GroupedTile> tiles;
+  for (const bool down : {false, true}) {
+    const int sets = down ? 1 : 2;
+    std::vector<std::array<int, 2>> classes;  // (bits, codebook) in order of first appearance
+    for (size_t e = 0; e < x.w1.size(); ++e)
+      for (int set = 0; set < sets; ++set) {
+        const ops::Exl3Matrix& m = (down ? x.w2 : set == 0 ? x.w1 : x.w3)[e].exl3;
+        if (std::find(classes.begin(), classes.end(), std::array<int, 2>{m.bits, m.codebook}) == classes.end())
+          classes.push_back({m.bits, m.codebook});
+      }
+    for (const auto& [bits, codebook] : classes) {
+      Launch l{down, bits, codebook, tiles.size(), 0};
+      for (size_t e = 0; e < x.w1.size(); ++e) {
+        const int64_t r0 = start[e], cnt = start[e + 1] - r0;
+        for (int64_t r = 0; r < cnt; r += exl3::cuda::kLargeRows)
+          for (int set = 0; set < sets; ++set) {
+            const ops::Exl3Matrix& m = (down ? x.w2 : set == 0 ? x.w1 : x.w3)[e].exl3;
+            if (m.bits != bits || m.codebook != codebook) continue;
+            tiles.push_back({set, static_cast<int32_t>(e), static_cast<int32_t>(r0 + r),
+                             static_cast<int32_t>(std::min<int64_t>(exl3::cuda::kLargeRows, cnt - r))});
+          }
+      }
+      l.count = tiles.size() - l.first;
+      if (l.count > 0) launches.push_back(l);
+    }
+  }
+  DSV_ASSERT(static_cast<int64_t>(tiles.size()) <= layout.max_tiles, "EXL3 MoE: {} tiles, planned for {}",
+             tiles.size(), layout.max_tiles);
+  auto* dev_index = reinterpret_cast<int32_t*>(reinterpret_cast<unsigned char*>(sc.exl3_rows) + layout.xh_bytes);
+  auto* dev_tiles = reinterpret_cast<ops::GroupedTile*>(dev_index + 4 * pairs);
+  gpu::check_cuda(cudaMemcpyAsync(dev_index, index.data(), index.size() * 4, cudaMemcpyHostToDevice, stream),
+                  "MoE index upload");
+  gpu::check_cuda(cudaMemcpyAsync(dev_tiles, tiles.data(), tiles.size() * sizeof(ops::GroupedTile),
+                                  cudaMemcpyHostToDevice, stream),
+                  "MoE tiles upload");
+  const int32_t* d_token = dev_index;
+  const float* d_weight = reinterpret_cast<const float*>(dev_index + pairs);
+  const int32_t* d_pair = dev_index + 2 * pairs;
+  const int32_t* d_expert = dev_index + 3 * pairs;
 
-  float* rows = sc.exl3_rows;
-  gpu::gather_rows({sc.x, n, dim, d_token, rows, dim, local, dim}, stream);
-  auto each_expert = [&](auto&& f) {  // local expert index, first sorted row, rows
-    for (int64_t e = 0; e < e1 - e0; ++e) {
-      const int64_t r0 = start[static_cast<size_t>(e)], cnt = start[static_cast<size_t>(e + 1)] - r0;
-      if (cnt > 0) f(static_cast<size_t>(e), r0, cnt);
+  // Inputs: gate and up x_had side by side in the piece; the down projection's after them reuse it.
+  auto* xh = reinterpret_cast<__half*>(sc.exl3_rows);
+  ops::GroupedInputParams in;
+  in.x = sc.x;
+  in.x_type = ops::ActType::F32;
+  in.x_stride = in.x_cols = dim;
+  in.src_row = d_token;
+  in.matrix_of = d_expert;
+  in.mats[0] = x.gate.as<ops::Exl3Matrix>();
+  in.mats[1] = x.up.as<ops::Exl3Matrix>();
+  in.sets = 2;
+  in.k = x.hidden;
+  in.rows = local;
+  in.xh[0] = xh;
+  in.xh[1] = xh + local * x.hidden;
+  ops::exl3_grouped_input(in, stream);
+  auto run = [&](bool down, const ops::GroupedGemmParams& base) {
+    for (const Launch& l : launches) {
+      if (l.down != down) continue;
+      ops::GroupedGemmParams g = base;
+      g.tiles = dev_tiles + l.first;
+      g.ntiles = static_cast<int>(l.count);
+      g.bits = l.bits;
+      g.codebook = l.codebook;
+      ops::exl3_grouped_gemm(g, stream);
     }
   };
-  // The experts' GEMMs on the lanes, expert i on lane i % lanes (each GEMM's arithmetic is its own:
-  // results do not depend on the lanes), forked from and joined back into the model's stream.
-  const auto n_lanes = static_cast<int64_t>(exl3_lanes.size());
-  auto fork = [&] {
-    if (n_lanes == 0) return;
-    gpu::check_cuda(cudaEventRecord(exl3_fork, stream), "EXL3 lanes fork");
-    for (const Exl3Lane& l : exl3_lanes) gpu::check_cuda(cudaStreamWaitEvent(l.stream, exl3_fork), "EXL3 lanes fork");
-  };
-  auto join = [&] {
-    for (const Exl3Lane& l : exl3_lanes) {
-      gpu::check_cuda(cudaEventRecord(l.done, l.stream), "EXL3 lanes join");
-      gpu::check_cuda(cudaStreamWaitEvent(stream, l.done), "EXL3 lanes join");
-    }
-  };
-  int64_t turn = 0;
-  auto lane = [&]() -> const Exl3Lane* {
-    return n_lanes == 0 ? nullptr : &exl3_lanes[static_cast<size_t>(turn++ % n_lanes)];
-  };
-  fork();
-  each_expert([&](size_t e, int64_t r0, int64_t cnt) {
-    const Exl3Lane* on = lane();
-    linear_exl3(x.w1[e], rows + r0 * dim, dim, cnt, sc.eg + r0 * inter, inter, false, on, exl3_max_splits);
-    linear_exl3(x.w3[e], rows + r0 * dim, dim, cnt, sc.eu + r0 * inter, inter, false, on, exl3_max_splits);
-  });
-  join();
-  // Rounding is row-wise: one launch for all the experts' rows.
-  gpu::scale_round({sc.eg, local, inter, inter, 1.0f}, stream);
-  gpu::scale_round({sc.eu, local, inter, inter, 1.0f}, stream);
+  ops::GroupedGemmParams gu;
+  gu.mats[0] = in.mats[0];
+  gu.mats[1] = in.mats[1];
+  gu.k = x.hidden;
+  gu.n = x.inter;
+  gu.xh[0] = in.xh[0];
+  gu.xh[1] = in.xh[1];
+  gu.y[0] = sc.eg;
+  gu.y[1] = sc.eu;
+  gu.y_stride = gu.y_cols = inter;
+  gu.round_bf16 = true;
+  run(false, gu);
   const float limit = static_cast<float>(cfg.swiglu_limit);
   gpu::swiglu({sc.eg, sc.eu, local, inter, d_weight, limit, sc.eg}, stream);
-  fork();
-  each_expert([&](size_t e, int64_t r0, int64_t cnt) {
-    linear_exl3(x.w2[e], sc.eg + r0 * inter, inter, cnt, rows + r0 * dim, dim, false, lane(), exl3_max_splits);
-  });
-  join();
-  gpu::scale_round({rows, local, dim, dim, 1.0f}, stream);
-  gpu::gather_rows({rows, local, dim, d_row, sc.routed, dim, pairs, dim}, stream);  // back to pair order
+
+  ops::GroupedInputParams din;
+  din.x = sc.eg;
+  din.x_type = ops::ActType::F32;
+  din.x_stride = din.x_cols = inter;
+  din.matrix_of = d_expert;
+  din.mats[0] = x.down.as<ops::Exl3Matrix>();
+  din.sets = 1;
+  din.k = x.inter;
+  din.rows = local;
+  din.xh[0] = xh;
+  ops::exl3_grouped_input(din, stream);
+  // Down: each sorted row straight to its pair's row; other ranks' pairs keep zero rows.
+  if (local < pairs) tp_zero(sc.routed, pairs * dim);
+  ops::GroupedGemmParams dn;
+  dn.mats[0] = din.mats[0];
+  dn.k = x.inter;
+  dn.n = x.hidden;
+  dn.xh[0] = xh;
+  dn.y[0] = sc.routed;
+  dn.y_stride = dn.y_cols = dim;
+  dn.out_row = d_pair;
+  dn.round_bf16 = true;
+  run(true, dn);
 
   const MoeRows mr = moe_rows(b, n);
   shared_expert_exl3(b, n, mr);

@@ -261,16 +261,6 @@ struct Impl {
   int64_t weight_bytes_fp8 = 0, weight_bytes_fp4 = 0, weight_bytes_exl3 = 0;  // the rest is dense
   GpuLinear head_exl3;  // an EXL3 head (head/head_type then stay empty)
   DeviceBuffer exl3_ws, exl3_moe_ws;  // EXL3 GEMM / grouped MoE workspaces (one call at a time)
-  // The EXL3 MoE expert by expert (cuda_exl3.cpp): side streams that run experts' GEMMs side by side,
-  // each with its own GEMM workspace, and the events that fork and join them.
-  struct Exl3Lane {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t done = nullptr;
-    DeviceBuffer ws;
-  };
-  std::vector<Exl3Lane> exl3_lanes;
-  cudaEvent_t exl3_fork = nullptr;
-  int exl3_max_splits = 0;  // k-split cap of the experts' GEMMs (0: the GEMM's own choice)
   size_t exl3_ws_bytes = 0, exl3_moe_ws_bytes = 0;  // sizes gathered while loading
   std::vector<std::array<int32_t, 4>> exl3_shapes;  // (k, n, bits, codebook) already sized
   Scratch sc;
@@ -358,10 +348,8 @@ struct Impl {
   // Routed experts [b.expert_begin, expert_end), after the shared expert.
   void load_exl3_experts(GpuBlock& b, const std::string& ffn_prefix, int64_t expert_end);
   void alloc_exl3_workspaces();
-  // On `lane` (nullptr: the model's stream and workspace), with the large path's k-splits capped at
-  // max_splits (0: none).
   void linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
-                   bool round, const Exl3Lane* lane = nullptr, int max_splits = 0);
+                   bool round);
   void moe_exl3(const GpuBlock& b, int64_t n);
   void moe_exl3_by_expert(const GpuBlock& b, int64_t n);
   // The shared expert of an EXL3 layer apart from the grouped kernels, into moe_rows(b, n).shared

@@ -68,11 +68,6 @@ Impl::~Impl() {
   if (scores_ready) cudaEventDestroy(scores_ready);
   for (cudaEvent_t e : score_slice_ready)
     if (e) cudaEventDestroy(e);
-  for (Exl3Lane& l : exl3_lanes) {
-    if (l.done) cudaEventDestroy(l.done);
-    if (l.stream) cudaStreamDestroy(l.stream);
-  }
-  if (exl3_fork) cudaEventDestroy(exl3_fork);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -508,7 +503,6 @@ CudaMemoryBreakdown Impl::memory_breakdown() const {
   m.weights = weight_bytes;
   m.state_per_sequence = state_bytes();
   m.scratch = static_cast<int64_t>(sc.arena.bytes() + exl3_ws.bytes() + exl3_moe_ws.bytes());
-  for (const Exl3Lane& l : exl3_lanes) m.scratch += static_cast<int64_t>(l.ws.bytes());
   m.weights_fp8 = weight_bytes_fp8;
   m.weights_fp4 = weight_bytes_fp4;
   m.weights_exl3 = weight_bytes_exl3;

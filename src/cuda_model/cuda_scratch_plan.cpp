@@ -19,6 +19,17 @@ const char* scratch_phase_name(ScratchPhase p) {
   return "?";
 }
 
+Exl3SortLayout exl3_sort_layout(int64_t pairs, int64_t hidden, int64_t inter, int64_t experts) {
+  auto pad = [](int64_t v, int64_t to) { return (v + to - 1) / to * to; };
+  Exl3SortLayout l;
+  l.pairs = pairs;
+  l.xh_bytes = pad(std::max(2 * pairs * pad(hidden, 128), pairs * pad(inter, 128)) * 2, 256);
+  // An expert with c rows takes ceil(c / 64) <= (c + 63) / 64 tiles a set: at most
+  // (pairs + 63 x the experts with rows) / 64 + 1 over a layer, in three sets.
+  l.max_tiles = 3 * ((pairs + 63 * std::min(pairs, experts)) / 64 + 1);
+  return l;
+}
+
 ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in) {
   DSV_CHECK(in.tokens >= 1 && in.max_context >= 1 && in.logit_rows >= 1 && in.score_slice_bytes >= 1,
             "CUDA scratch: chunk {}, context {}, logit rows {} and score slice bytes {} must be positive", in.tokens,
@@ -137,9 +148,9 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
       {P::kSg, S::kMoe, 2 * m * inter * f},
       {P::kShared, S::kMoe, m * dim * f},
       {P::kMoeSort, S::kMoe, p.moe_sort_ints * 4},
-      // an EXL3 checkpoint's large passes: the pairs' rows sorted by expert, first the tokens'
-      // rows, then the experts' outputs (cuda_exl3.cpp moe_exl3_by_expert)
-      {P::kExl3Rows, S::kMoe, c.quant.method == "exl3" ? pairs * dim * f : 0},
+      // an EXL3 checkpoint's large passes: the pairs' rows sorted by expert as the grouped GEMMs'
+      // inputs, and their index (cuda_exl3.cpp moe_exl3_by_expert)
+      {P::kExl3Rows, S::kMoe, c.quant.method == "exl3" ? exl3_sort_layout(pairs, dim, inter, E).bytes() : 0},
       // ---- Engram: the layer's dequantised rows and wkv output, read by its gates ----
       {P::kEngramRows, S::kEngram, m * edim * f},
       {P::kEngramKv, S::kEngram, m * (hc + 1) * dim * f},

@@ -178,5 +178,36 @@ void exl3_moe(const MoeParams& p, cudaStream_t stream) {
   check_cuda(exl3::cuda::launch_moe(p, plan, stream), "exl3_moe launch");
 }
 
+void exl3_grouped_input(const GroupedInputParams& p, cudaStream_t stream) {
+  DSV_CHECK(p.sets >= 1 && p.sets <= exl3::cuda::kGroupedSets, "exl3_grouped_input: {} sets, 1..{} supported", p.sets,
+            exl3::cuda::kGroupedSets);
+  DSV_CHECK(p.k > 0 && p.k % 128 == 0, "exl3_grouped_input: k={} must be a positive multiple of 128", p.k);
+  DSV_CHECK(p.rows >= 0, "exl3_grouped_input: rows={} must not be negative", p.rows);
+  if (p.rows == 0) return;
+  DSV_CHECK(p.x && p.matrix_of, "exl3_grouped_input: x and matrix_of must be device pointers");
+  DSV_CHECK(p.x_cols >= 1 && p.x_cols <= p.k && p.x_stride >= p.x_cols,
+            "exl3_grouped_input: x_cols={} must be in 1..k={} and x_stride={} >= x_cols", p.x_cols, p.k, p.x_stride);
+  for (int s = 0; s < p.sets; ++s)
+    DSV_CHECK(p.mats[s] && p.xh[s], "exl3_grouped_input: set {} needs a matrix array and an x_had buffer", s);
+  check_cuda(exl3::cuda::launch_grouped_input(p, stream), "exl3_grouped_input launch");
+}
+
+void exl3_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
+  DSV_CHECK(p.bits >= 1 && p.bits <= 8, "exl3_grouped_gemm: bits={} outside 1..8", p.bits);
+  DSV_CHECK(p.codebook >= 0 && p.codebook <= 2, "exl3_grouped_gemm: codebook {} is not 0, 1 or 2", p.codebook);
+  DSV_CHECK(p.k > 0 && p.n > 0 && p.k % 128 == 0 && p.n % 128 == 0,
+            "exl3_grouped_gemm: k={} and n={} must be positive multiples of 128", p.k, p.n);
+  DSV_CHECK(p.ntiles >= 0 && p.ntiles <= 65535, "exl3_grouped_gemm: {} tiles, at most 65,535 a launch", p.ntiles);
+  DSV_CHECK(p.y_cols >= 1 && p.y_cols <= p.n && p.y_stride >= p.y_cols,
+            "exl3_grouped_gemm: y_cols={} must be in 1..n={} and y_stride={} >= y_cols", p.y_cols, p.n, p.y_stride);
+  if (p.ntiles == 0) return;
+  DSV_CHECK(p.tiles, "exl3_grouped_gemm: tiles must be a device pointer");
+  for (int s = 0; s < exl3::cuda::kGroupedSets; ++s)
+    DSV_CHECK(!p.mats[s] == !p.xh[s] && !p.mats[s] == !p.y[s],
+              "exl3_grouped_gemm: set {} needs its matrix array, x_had and output together", s);
+  DSV_CHECK(p.mats[0], "exl3_grouped_gemm: set 0 needs a matrix array");
+  check_cuda(exl3::cuda::launch_grouped_gemm(p, stream), "exl3_grouped_gemm launch");
+}
+
 }  // namespace dsv41::ops
 #endif

@@ -420,15 +420,6 @@ void fill_pointers(const FillPointersArgs& a, cudaStream_t s) {
   launched(raw::fill_pointers(a, s), "fill_pointers launch");
 }
 
-void gather_rows(const GatherRowsArgs& a, cudaStream_t s) {
-  DSV_CHECK(a.rows >= 0 && a.cols >= 0 && a.src_rows >= 0 && a.src_stride >= a.cols && a.dst_stride >= a.cols,
-            "gather_rows: rows={} cols={} src_rows={} src_stride={} dst_stride={}", a.rows, a.cols, a.src_rows,
-            a.src_stride, a.dst_stride);
-  DSV_CHECK(a.rows == 0 || a.cols == 0 || (a.src && a.idx && a.dst),
-            "gather_rows: src, idx and dst must be device pointers");
-  launched(raw::gather_rows(a, s), "gather_rows launch");
-}
-
 void stream_mean(const StreamMeanArgs& a, cudaStream_t s) {
   DSV_CHECK(a.n >= 0 && a.hc >= 1 && a.dim >= 1 && a.out_stride >= a.dim, "stream_mean: n={} hc={} dim={} out_stride={}",
             a.n, a.hc, a.dim, a.out_stride);

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "dsv41/common/error.h"
 #include "dsv41/config/model_config.h"
@@ -112,18 +115,50 @@ TEST(CudaScratchPlan, PieceSizes) {
   EXPECT_EQ(far.at(ScratchPiece::kCandKeep).bytes, m * ((far.cand_blocks + 31) / 32) * 4);
   EXPECT_EQ(one.at(ScratchPiece::kBlockSel).bytes, one.cand_rows * std::min(c.candidate_topk_blocks, one.cand_blocks) * 4);
   EXPECT_THROW(plan(c, 0, 8192), Error);
-  // An EXL3 checkpoint's large passes sort the pairs' rows by expert (cuda_exl3.cpp): one more
-  // [pairs][dim] buffer in the MoE phase; none for the FP8 release.
+  // An EXL3 checkpoint's large passes sort the pairs' rows by expert (cuda_exl3.cpp): their fp16
+  // inputs of the gate and up projections ([2][pairs][dim], dim a multiple of 128 here) and the
+  // index in the MoE phase; none for the FP8 release.
   EXPECT_EQ(one.at(ScratchPiece::kExl3Rows).bytes, 0);
   ModelConfig x = c;
   x.quant.method = "exl3";
   const ScratchPlan ex = plan(x, m, 8192);
-  EXPECT_EQ(ex.at(ScratchPiece::kExl3Rows).bytes, m * K * c.hidden_size * 4);
+  const Exl3SortLayout sl = exl3_sort_layout(m * K, c.hidden_size, c.moe_intermediate_size, c.n_routed_experts);
+  EXPECT_EQ(sl.xh_bytes, (2 * m * K * c.hidden_size * 2 + 255) / 256 * 256);
+  EXPECT_EQ(ex.at(ScratchPiece::kExl3Rows).bytes, sl.xh_bytes + (4 * m * K + 4 * sl.max_tiles) * 4);
   EXPECT_EQ(ex.at(ScratchPiece::kExl3Rows).phase, ScratchPhase::kMoe);
   check_layout(ex, "exl3");
   // At 2048-token passes the MoE phase stays below the attention phase, so the arena is as large.
   const ScratchPlan ex2048 = plan(x, 2048, 1 << 20), fp2048 = plan(c, 2048, 1 << 20);
   EXPECT_LE(ex2048.total, fp2048.total + fp2048.total / 50) << ex2048.total << " vs " << fp2048.total;
+}
+
+// The EXL3 MoE's tile bound holds for any split of a layer's pairs among its experts: the grouped
+// GEMMs take ceil(rows / 64) tiles an expert in each of three projections (cuda_exl3.cpp).
+TEST(CudaScratchPlan, Exl3TileBoundCoversEveryRouting) {
+  std::mt19937_64 rng(5);
+  for (int64_t experts : {4, 16, 384}) {
+    for (int64_t pairs : {1, 63, 64, 65, 777, 12288}) {
+      std::vector<std::vector<int64_t>> splits;
+      splits.push_back({pairs});  // everything on one expert
+      std::vector<int64_t> ones(static_cast<size_t>(std::min(pairs, experts)), 1);  // one row each, rest on one
+      ones[0] += pairs - static_cast<int64_t>(ones.size());
+      splits.push_back(ones);
+      std::vector<int64_t> spill;  // 65 rows an expert (two tiles each) while rows last
+      for (int64_t left = pairs; left > 0 && static_cast<int64_t>(spill.size()) < experts; left -= 65)
+        spill.push_back(std::min<int64_t>(65, left));
+      spill[0] += pairs - std::accumulate(spill.begin(), spill.end(), int64_t{0});
+      splits.push_back(spill);
+      std::vector<int64_t> random(static_cast<size_t>(experts), 0);
+      for (int64_t p = 0; p < pairs; ++p) ++random[rng() % static_cast<uint64_t>(experts)];
+      splits.push_back(random);
+      const Exl3SortLayout l = exl3_sort_layout(pairs, 5120, 2304, experts);
+      for (const auto& rows : splits) {
+        int64_t tiles = 0;
+        for (int64_t c : rows) tiles += 3 * ((c + 63) / 64);
+        EXPECT_LE(tiles, l.max_tiles) << pairs << " pairs over " << experts << " experts";
+      }
+    }
+  }
 }
 
 // The start-up estimate is the plan's arena, and the serve budget takes a rank's arena under

@@ -107,7 +107,7 @@ struct CudaModelOptions {
   // batch. exact_block_sums turns it off too.
   int64_t grouped_moe_min_rows = 64;
   // EXL3 checkpoints: passes of at least this many tokens run each routed expert once over all the
-  // rows that picked it (three EXL3 GEMMs per expert with tokens, the CPU engine's own form);
+  // rows that picked it (the CPU engine's own form, in grouped EXL3 GEMMs);
   // shorter passes and decode steps take the grouped MoE kernels, 8 tokens per call, each call
   // reading every expert its tokens picked. 0: never. (Like every EXL3 path, results follow the
   // kernels' row counts: cuda_exl3.cpp.)

@@ -78,6 +78,20 @@ struct ScratchPlan {
   const ScratchPlanPiece& at(ScratchPiece p) const { return pieces[static_cast<size_t>(p)]; }
 };
 
+// The scratch piece of an EXL3 MoE pass expert by expert (cuda_exl3.cpp moe_exl3_by_expert): the
+// pairs' rows sorted by expert as fp16 x_had, first of the gate and up projections
+// ([2][pairs][k of hidden]), then of the down projection ([pairs][k of inter]; k padded to 128),
+// then the host-built index: per sorted row its token, routing weight, pair and expert, then the
+// grouped GEMMs' tiles (at most `max_tiles`, 4 ints each).
+struct Exl3SortLayout {
+  int64_t pairs = 0;
+  int64_t xh_bytes = 0;   // the index starts here (256-byte aligned)
+  int64_t max_tiles = 0;  // gate and up: 2 per (expert, 64 rows); down: 1
+  int64_t index_ints() const { return 4 * pairs + 4 * max_tiles; }
+  int64_t bytes() const { return xh_bytes + index_ints() * 4; }
+};
+Exl3SortLayout exl3_sort_layout(int64_t pairs, int64_t hidden, int64_t inter, int64_t experts);
+
 // Throws dsv41::Error unless tokens, context, logit rows and slice bytes are positive.
 ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in);
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "exl3/exl3_gemm.h"
+#include "exl3/exl3_grouped.h"
 #include "exl3/exl3_moe.h"
 
 namespace dsv41::ops {
@@ -18,6 +19,9 @@ using exl3::cuda::Exl3Matrix;
 using exl3::cuda::GemmParams;
 using exl3::cuda::GemmPath;
 using exl3::cuda::GemmPlan;
+using exl3::cuda::GroupedGemmParams;
+using exl3::cuda::GroupedInputParams;
+using exl3::cuda::GroupedTile;
 using exl3::cuda::MoeParams;
 
 // SM count of the current device (cached per device).
@@ -44,6 +48,13 @@ void exl3_gemm(const GemmParams& p, cudaStream_t stream);
 
 // Decodes W_hat [k][n] fp16 (bit-exact with EXL3.md §2.6) with the kernels' own decoder.
 void exl3_reconstruct(const Exl3Matrix& w, uint16_t* w_hat, cudaStream_t stream);
+
+// Grouped linears over rows sorted by matrix (see exl3_grouped.h): the inputs of every set, then one
+// launch per (bits, codebook) class of tiles. The device arrays (src_row, matrix_of, tiles, out_row)
+// are the caller's: their entries are trusted, and a tile whose matrix is not of the launch's class
+// and shape stops the kernel (a device trap).
+void exl3_grouped_input(const GroupedInputParams& p, cudaStream_t stream);
+void exl3_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream);
 
 // One MoE layer for m <= 8 tokens in four launches (see exl3_moe.h).
 size_t exl3_moe_workspace_bytes(const MoeParams& p);

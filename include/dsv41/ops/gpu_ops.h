@@ -10,7 +10,6 @@
 #include <cstdint>
 
 #include "dsv41/config/model_config.h"
-#include "ops/gather_rows.h"
 #include "ops/moe_grouped.h"
 #include "ops/ops_launch.h"
 
@@ -76,7 +75,6 @@ void compress_pool(const CompressPoolArgs& a, cudaStream_t s);
 void store_bf16(const StoreBf16Args& a, cudaStream_t s);
 void scale_round(const ScaleRoundArgs& a, cudaStream_t s);
 void fill_pointers(const FillPointersArgs& a, cudaStream_t s);
-void gather_rows(const GatherRowsArgs& a, cudaStream_t s);
 // DSpark: target-layer taps and the Markov head's bias (ops_launch.h).
 void stream_mean(const StreamMeanArgs& a, cudaStream_t s);
 void markov_bias(const MarkovBiasArgs& a, cudaStream_t s);

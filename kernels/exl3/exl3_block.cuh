@@ -46,9 +46,11 @@ __host__ __device__ constexpr int small_smem_bytes(int K, bool int8, int rows) {
 }
 // Scratch of the x staging kernels (stage_x, int8): [4][rows] fp32.
 __host__ __device__ constexpr int stage_h_bytes(bool int8, int rows) { return int8 ? 4 * rows * 4 : 0; }
-// Large-m block: trellis ring + two x buffers [64][136] fp16 (the reduction aliases them).
+// Large-m block of 16H rows: trellis ring + two x buffers [16H][136] fp16 (the reduction aliases them).
 constexpr int kLargeXStride = 136;
-__host__ __device__ constexpr int large_smem_bytes(int K) { return ring_bytes(K) + 2 * 64 * kLargeXStride * 2; }
+__host__ __device__ constexpr int large_smem_bytes(int K, int H = 4) {
+  return ring_bytes(K) + 2 * 16 * H * kLargeXStride * 2;
+}
 
 // Loads 4 consecutive activations of row `t` (columns k..k+3), zero outside the valid area.
 __device__ __forceinline__ void load4(const XSource& xs, int t, int64_t k, float (&v)[4]) {
@@ -291,47 +293,48 @@ __device__ float* small_block(const cuda::Exl3Matrix& w, int ng, int kt0, int kt
   return red;
 }
 
-// ---- large m (64 rows per block) -----------------------------------------------------------
+// ---- large m (16H rows per block, H = 1..4) ---------------------------------------------------
 // x_had [m][k] fp16 comes from the input-transform kernel. Warp w owns column tile w of the group;
-// every decoded tile feeds up to 8 mma (64 rows; none for 16-row slices past the last row). x is
-// staged 128 k-rows at a time, double-buffered through registers. Results: red[64][128] (aliases
-// the x buffers).
-template <int K, int CB>
+// every decoded tile feeds 2 mma per 16-row slice (none for slices at or past `hmax`, the slices
+// holding valid rows). x is staged 128 k-rows at a time, double-buffered through registers; the
+// eight k-tiles of a chunk are unrolled so that every shared-memory address is a per-lane base plus
+// a constant. Results: red[16H][128] (aliases the x buffers).
+template <int K, int CB, int H>
 __device__ void large_block(const cuda::Exl3Matrix& w, const __half* xh, int m, int tok0, int ng,
-                            int kt0, int kt1, unsigned char* smem, float* red) {
+                            int kt0, int kt1, int hmax, unsigned char* smem, float* red) {
+  static_assert(H >= 1 && H <= 4, "16 to 64 rows a block");
   constexpr int TW = Tile<K>::kWords;
+  constexpr int ROWS = 16 * H;
+  constexpr int XBUF = ROWS * kLargeXStride;
+  constexpr int LOADS = ROWS * 16 / kThreads;  // 16-byte pieces of a chunk per thread
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __half* xs = reinterpret_cast<__half*>(smem + ring_bytes(K));
-  constexpr int XBUF = 64 * kLargeXStride;
   const int ntn = w.n / 16;
   const int nsteps = kt1 - kt0;
   const int nch = nsteps / 8;
-  // 16-row slices holding valid rows: the mma of slices past the last row are skipped.
-  const int hmax = min(4, (min(m - tok0, cuda::kLargeRows) + 15) / 16);
   ColumnStream<K> cs{reinterpret_cast<uint32_t*>(smem) + warp * ColumnStream<K>::NG * kGroup * TW,
                      w.trellis + (static_cast<size_t>(kt0) * ntn + ng * 8 + warp) * 16 * K,
                      static_cast<size_t>(ntn) * 16 * K, nsteps / kGroup, lane};
-  auto load_chunk = [&](int c, uint4 (&r)[4]) {
+  // This thread's pieces: rows tid / 16 + 16 i, 16-byte column piece tid % 16.
+  const int prow = tid >> 4, pcol = (tid & 15) * 8;
+  const __half* xsrc = xh + static_cast<size_t>(tok0 + prow) * w.k + static_cast<size_t>(kt0) * 16 + pcol;
+  auto load_chunk = [&](int c, uint4 (&r)[LOADS]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int id = tid + kThreads * i, row = id >> 4, c16 = id & 15;
+    for (int i = 0; i < LOADS; ++i) {
       r[i] = make_uint4(0, 0, 0, 0);
-      if (tok0 + row < m)
-        r[i] = *reinterpret_cast<const uint4*>(xh + static_cast<size_t>(tok0 + row) * w.k +
-                                               (kt0 + 8 * c) * 16 + c16 * 8);
+      if (tok0 + prow + 16 * i < m)
+        r[i] = *reinterpret_cast<const uint4*>(xsrc + static_cast<size_t>(16 * i) * w.k + c * 128);
     }
   };
-  auto store_chunk = [&](int buf, const uint4 (&r)[4]) {
+  auto store_chunk = [&](int buf, const uint4 (&r)[LOADS]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int id = tid + kThreads * i, row = id >> 4, c16 = id & 15;
-      *reinterpret_cast<uint4*>(xs + buf * XBUF + row * kLargeXStride + c16 * 8) = r[i];
-    }
+    for (int i = 0; i < LOADS; ++i)
+      *reinterpret_cast<uint4*>(xs + buf * XBUF + (prow + 16 * i) * kLargeXStride + pcol) = r[i];
   };
 
   cs.start();
   {
-    uint4 r[4];
+    uint4 r[LOADS];
     load_chunk(0, r);
     store_chunk(0, r);
   }
@@ -339,18 +342,20 @@ __device__ void large_block(const cuda::Exl3Matrix& w, const __half* xh, int m, 
 
   int idx[3], off;
   lane_window<K>(lane, idx, off);
-  float acc[8][4];
+  // ldmatrix.x4 of slice h: rows 16h + (lane & 7) + 8 (lane >= 16), k-half (lane >> 3) & 1.
+  const int xlane = ((lane & 7) + ((lane >> 4) << 3)) * kLargeXStride + ((lane >> 3) & 1) * 8;
+  float acc[2 * H][4];
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int j = 0; j < 2 * H; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
 
   for (int c = 0; c < nch; ++c) {
-    uint4 nx[4];
+    uint4 nx[LOADS];
     if (c + 1 < nch) load_chunk(c + 1, nx);
-    const __half* xb = xs + (c & 1) * XBUF;
+    const __half* xb = xs + (c & 1) * XBUF + xlane;
     const uint32_t* grp = cs.wait(c);
-#pragma unroll 2
+#pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       uint32_t st[8];
       tile_states<K>(grp + ks * TW, idx, off, st);
@@ -360,14 +365,13 @@ __device__ void large_block(const cuda::Exl3Matrix& w, const __half* xh, int m, 
       a[2] = decode_pair<CB>(st[2], st[3]);
       a[3] = decode_pair<CB>(st[6], st[7]);
 #pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        if (h >= hmax) break;
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(b0, b1, b2, b3,
-                    xb + (16 * h + (lane & 7) + ((lane >> 4) << 3)) * kLargeXStride + ks * 16 +
-                        ((lane >> 3) & 1) * 8);
-        mma_f16(acc[2 * h], a, b0, b1);
-        mma_f16(acc[2 * h + 1], a, b2, b3);
+      for (int h = 0; h < H; ++h) {
+        if (h < hmax) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4(b0, b1, b2, b3, xb + 16 * h * kLargeXStride + ks * 16);
+          mma_f16(acc[2 * h], a, b0, b1);
+          mma_f16(acc[2 * h + 1], a, b2, b3);
+        }
       }
     }
     if (c + 1 < nch) store_chunk((c + 1) & 1, nx);
@@ -377,7 +381,7 @@ __device__ void large_block(const cuda::Exl3Matrix& w, const __half* xh, int m, 
   __syncthreads();
   const int g = lane >> 2, tig = lane & 3;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < 2 * H; ++j) {
     const int t = 8 * j + 2 * tig, col = 16 * warp + g;
     red[t * 128 + col] = acc[j][0];
     red[(t + 1) * 128 + col] = acc[j][1];

@@ -15,19 +15,27 @@ using GroupedKernelFn = void (*)(cuda::GroupedGemmParams);
 // kernel is MUL1 only.
 struct KernelTable {
   GemmKernelFn large[3];
-  GroupedKernelFn grouped[3];
+  GroupedKernelFn grouped[3][4];  // [codebook][row class H - 1]: tiles of up to 16H rows
   StreamKernelFn f16[3];
   StreamKernelFn int8;
 };
+
+template <int K, int CB>
+void fill_grouped(GroupedKernelFn (&g)[4]) {
+  g[0] = grouped_kernel<K, CB, 1>;
+  g[1] = grouped_kernel<K, CB, 2>;
+  g[2] = grouped_kernel<K, CB, 3>;
+  g[3] = grouped_kernel<K, CB, 4>;
+}
 
 template <int K>
 void fill_gemm_table(KernelTable& t) {
   t.large[0] = gemm_kernel<K, 0>;
   t.large[1] = gemm_kernel<K, 1>;
   t.large[2] = gemm_kernel<K, 2>;
-  t.grouped[0] = grouped_kernel<K, 0>;
-  t.grouped[1] = grouped_kernel<K, 1>;
-  t.grouped[2] = grouped_kernel<K, 2>;
+  fill_grouped<K, 0>(t.grouped[0]);
+  fill_grouped<K, 1>(t.grouped[1]);
+  fill_grouped<K, 2>(t.grouped[2]);
   t.f16[0] = stream_kernel<K, 0, false>;
   t.f16[1] = stream_kernel<K, 1, false>;
   t.f16[2] = stream_kernel<K, 2, false>;

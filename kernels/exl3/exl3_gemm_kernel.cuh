@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const GemmArgs a) {
   const int tok0 = mb * cuda::kLargeRows;
   const int ntok = min(cuda::kLargeRows, a.m - tok0);
   float* red = reinterpret_cast<float*>(smem + ring_bytes(K));
-  large_block<K, CB>(a.w, a.xh, a.m, tok0, ng, kt0, kt1, smem, red);
+  large_block<K, CB, 4>(a.w, a.xh, a.m, tok0, ng, kt0, kt1, (ntok + 15) / 16, smem, red);
   finish_group(a, red, ng, split, mb, tok0, ntok);
 }
 

@@ -14,13 +14,13 @@ __global__ void __launch_bounds__(kThreads) grouped_input_kernel(const cuda::Gro
   if (item >= p.sets * p.rows * nb) return;
   const int b = static_cast<int>(item % nb);
   const int64_t r = (item / nb) % p.rows;
-  const int set = static_cast<int>(item / (nb * p.rows));
+  const bool second = item >= nb * p.rows;  // set 1 (selects: a dynamic index would go to local memory)
   const int src = p.src_row ? p.src_row[r] : static_cast<int>(r);
   const XSource xs{p.x, static_cast<int>(p.x_type), 0, src + 1, p.x_stride, p.x_cols,
-                   p.mats[set][p.matrix_of[r]].suh};
+                   (second ? p.mats[1] : p.mats[0])[p.matrix_of[r]].suh};
   float v[4];
   load4(xs, src, static_cast<int64_t>(b) * 128 + 4 * lane, v);
-  __half2* dst = reinterpret_cast<__half2*>(p.xh[set] + r * p.k + b * 128 + 4 * lane);
+  __half2* dst = reinterpret_cast<__half2*>((second ? p.xh[1] : p.xh[0]) + r * p.k + b * 128 + 4 * lane);
   dst[0] = __floats2half2_rn(v[0], v[1]);
   dst[1] = __floats2half2_rn(v[2], v[3]);
 }
@@ -39,8 +39,8 @@ cudaError_t launch_grouped_input(const GroupedInputParams& p, cudaStream_t strea
 
 cudaError_t launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   if (p.ntiles == 0) return cudaSuccess;
-  const dev::GroupedKernelFn fn = dev::kernel_table(p.bits).grouped[p.codebook];
-  const size_t smem = dev::large_smem_bytes(p.bits);
+  const dev::GroupedKernelFn fn = dev::kernel_table(p.bits).grouped[p.codebook][p.row_class - 1];
+  const size_t smem = dev::large_smem_bytes(p.bits, p.row_class);
   const cudaError_t e = raise_smem_once(fn, smem);
   if (e != cudaSuccess) return e;
   fn<<<dim3(p.n / 128, p.ntiles), dev::kThreads, smem, stream>>>(p);

@@ -8,9 +8,11 @@
 //          matrix, and the block runs the whole k range (no k-split: at these row counts the
 //          split partials would outweigh the weights), then the output Hadamard, svh, bias, an
 //          optional bf16 rounding, and writes each row to its output row (out_row: a scatter).
-// A gemm launch takes the tiles of one (bits, codebook) class (the kernel is specialised on both);
-// callers sort tiles by class. "Sets" are parallel matrix arrays over the same rows (a MoE's gate
-// and up projections): a tile names its set. Sums run in a fixed order, so results are bitwise
+// A gemm launch takes the tiles of one (bits, codebook, row class) (the kernel is specialised on
+// all three; row class H: tiles of up to 16H rows, whose blocks run H 16-row mma slices and take
+// fewer registers the smaller H is); callers sort tiles by class, best the smallest that holds a
+// tile (grouped_row_class), so that no slice is empty. "Sets" are parallel matrix arrays over the
+// same rows (a MoE's gate and up projections): a tile names its set. Sums run in a fixed order, so results are bitwise
 // repeatable and independent of how the tiles are grouped into launches.
 #pragma once
 #include <cuda_fp16.h>
@@ -49,6 +51,7 @@ struct GroupedGemmParams {
   const GroupedTile* tiles = nullptr;         // device [ntiles], every tile's matrix of this class
   int ntiles = 0;
   int bits = 0, codebook = 0;  // the class
+  int row_class = 4;           // H: every tile has at most 16H rows
   int k = 0, n = 0;            // padded shapes of every matrix
   const __half* xh[kGroupedSets] = {};  // device [rows][k] per set (exl3_grouped_input)
   float* y[kGroupedSets] = {};          // device [*][y_stride] per set, y_cols columns written
@@ -56,6 +59,9 @@ struct GroupedGemmParams {
   const int32_t* out_row = nullptr;  // device [rows]: output row of each sorted row; nullptr = the same row
   bool round_bf16 = false;           // round each output to a bf16 value (stored as fp32)
 };
+
+// The smallest row class that holds a tile of `rows` rows (1..kLargeRows).
+inline int grouped_row_class(int rows) { return (rows + 15) / 16; }
 
 cudaError_t launch_grouped_input(const GroupedInputParams& p, cudaStream_t stream);
 cudaError_t launch_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream);

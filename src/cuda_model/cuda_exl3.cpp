@@ -308,10 +308,10 @@ void Impl::shared_expert_exl3(const GpuBlock& b, int64_t n, const MoeRows& mr) {
 // download of the router's ids and weights per layer, since the per-expert row counts shape the
 // launches — in pair order within an expert (the CPU engine's token order). The experts' linears
 // then run as grouped GEMMs (kernels/exl3/exl3_grouped.h): the gathered, transformed inputs of
-// every sorted row, then one launch per projection and (bits, codebook) class, each block one
-// expert's 64 rows x 128 columns over the whole k. Rounding points and sums are the grouped decode
-// kernels': g, u, the weighted activation, each expert's output and the sum to bf16 values, a
-// token's experts added in increasing id, the shared expert last (moe_combine).
+// every sorted row, then one launch per projection and (bits, codebook, row class), each block one
+// expert's (up to) 64 rows x 128 columns over the whole k. Rounding points and sums are the grouped
+// decode kernels': g, u, the weighted activation, each expert's output and the sum to bf16 values,
+// a token's experts added in increasing id, the shared expert last (moe_combine).
 //
 // Tensor parallelism (cuda_tp.cpp): a rank runs its experts [expert_begin, +w1.size()) and leaves
 // zero rows for the other ranks' pairs, its shared expert's column slices write into zeroed rows,
@@ -354,38 +354,35 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
     pair_of[r] = static_cast<int32_t>(p);
     expert_of[r] = static_cast<int32_t>(e - e0);
   }
-  // Tiles by launch: (projection, bits, codebook) classes, each expert's rows in 64-row tiles.
+  // Tiles by launch: (projection, bits, codebook, row class), each expert's rows in 64-row tiles
+  // (the last one shorter), in expert order within a launch.
   struct Launch {
     bool down;
-    int bits, codebook;
-    size_t first, count;
+    int bits, codebook, row_class;
+    std::vector<ops::GroupedTile> tiles;
   };
   std::vector<Launch> launches;
-  std::vector<ops::GroupedTile> tiles;
   for (const bool down : {false, true}) {
-    const int sets = down ? 1 : 2;
-    std::vector<std::array<int, 2>> classes;  // (bits, codebook) in order of first appearance
-    for (size_t e = 0; e < x.w1.size(); ++e)
-      for (int set = 0; set < sets; ++set) {
-        const ops::Exl3Matrix& m = (down ? x.w2 : set == 0 ? x.w1 : x.w3)[e].exl3;
-        if (std::find(classes.begin(), classes.end(), std::array<int, 2>{m.bits, m.codebook}) == classes.end())
-          classes.push_back({m.bits, m.codebook});
-      }
-    for (const auto& [bits, codebook] : classes) {
-      Launch l{down, bits, codebook, tiles.size(), 0};
-      for (size_t e = 0; e < x.w1.size(); ++e) {
-        const int64_t r0 = start[e], cnt = start[e + 1] - r0;
-        for (int64_t r = 0; r < cnt; r += exl3::cuda::kLargeRows)
-          for (int set = 0; set < sets; ++set) {
-            const ops::Exl3Matrix& m = (down ? x.w2 : set == 0 ? x.w1 : x.w3)[e].exl3;
-            if (m.bits != bits || m.codebook != codebook) continue;
-            tiles.push_back({set, static_cast<int32_t>(e), static_cast<int32_t>(r0 + r),
-                             static_cast<int32_t>(std::min<int64_t>(exl3::cuda::kLargeRows, cnt - r))});
-          }
-      }
-      l.count = tiles.size() - l.first;
-      if (l.count > 0) launches.push_back(l);
+    const size_t first = launches.size();
+    for (size_t e = 0; e < x.w1.size(); ++e) {
+      const int64_t r0 = start[e], cnt = start[e + 1] - r0;
+      for (int64_t r = 0; r < cnt; r += exl3::cuda::kLargeRows)
+        for (int set = 0; set < (down ? 1 : 2); ++set) {
+          const ops::Exl3Matrix& m = (down ? x.w2 : set == 0 ? x.w1 : x.w3)[e].exl3;
+          const auto rows = static_cast<int32_t>(std::min<int64_t>(exl3::cuda::kLargeRows, cnt - r));
+          const int rc = ops::grouped_row_class(rows);
+          auto l = std::find_if(launches.begin() + static_cast<std::ptrdiff_t>(first), launches.end(),
+                                [&](const Launch& q) { return q.bits == m.bits && q.codebook == m.codebook && q.row_class == rc; });
+          if (l == launches.end()) l = launches.insert(launches.end(), Launch{down, m.bits, m.codebook, rc, {}});
+          l->tiles.push_back({set, static_cast<int32_t>(e), static_cast<int32_t>(r0 + r), rows});
+        }
     }
+  }
+  std::vector<ops::GroupedTile> tiles;
+  std::vector<size_t> tile_first;
+  for (const Launch& l : launches) {
+    tile_first.push_back(tiles.size());
+    tiles.insert(tiles.end(), l.tiles.begin(), l.tiles.end());
   }
   DSV_ASSERT(static_cast<int64_t>(tiles.size()) <= layout.max_tiles, "EXL3 MoE: {} tiles, planned for {}",
              tiles.size(), layout.max_tiles);
@@ -418,13 +415,15 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
   in.xh[1] = xh + local * x.hidden;
   ops::exl3_grouped_input(in, stream);
   auto run = [&](bool down, const ops::GroupedGemmParams& base) {
-    for (const Launch& l : launches) {
+    for (size_t i = 0; i < launches.size(); ++i) {
+      const Launch& l = launches[i];
       if (l.down != down) continue;
       ops::GroupedGemmParams g = base;
-      g.tiles = dev_tiles + l.first;
-      g.ntiles = static_cast<int>(l.count);
+      g.tiles = dev_tiles + tile_first[i];
+      g.ntiles = static_cast<int>(l.tiles.size());
       g.bits = l.bits;
       g.codebook = l.codebook;
+      g.row_class = l.row_class;
       ops::exl3_grouped_gemm(g, stream);
     }
   };

@@ -198,6 +198,7 @@ void exl3_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream) {
   DSV_CHECK(p.k > 0 && p.n > 0 && p.k % 128 == 0 && p.n % 128 == 0,
             "exl3_grouped_gemm: k={} and n={} must be positive multiples of 128", p.k, p.n);
   DSV_CHECK(p.ntiles >= 0 && p.ntiles <= 65535, "exl3_grouped_gemm: {} tiles, at most 65,535 a launch", p.ntiles);
+  DSV_CHECK(p.row_class >= 1 && p.row_class <= 4, "exl3_grouped_gemm: row class {} outside 1..4", p.row_class);
   DSV_CHECK(p.y_cols >= 1 && p.y_cols <= p.n && p.y_stride >= p.y_cols,
             "exl3_grouped_gemm: y_cols={} must be in 1..n={} and y_stride={} >= y_cols", p.y_cols, p.n, p.y_stride);
   if (p.ntiles == 0) return;

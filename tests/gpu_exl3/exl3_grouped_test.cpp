@@ -1,7 +1,7 @@
 // GPU parity of the grouped EXL3 linears (kernels/exl3/exl3_grouped.h, the MoE of large passes)
 // against the CPU decoder: two sets of matrices with mixed bit widths, codebooks and biases, rows
-// sorted by matrix in counts that cover 0, 1, a partial tile, a full tile and several tiles,
-// gathered source rows (repeats included), zero-extended inputs, trimmed outputs and scattered
+// sorted by matrix in counts that cover 0, 1, every row class of a tile, several tiles, gathered
+// source rows (repeats included), zero-extended inputs, trimmed outputs and scattered
 // output rows; every row against exl3_matmul_f32 on its own matrix, the rows nobody owns untouched,
 // bf16 rounding where asked, and the bits independent of how the tiles are split into launches.
 #include <gtest/gtest.h>
@@ -29,15 +29,18 @@ struct GroupedCase {
   bool round;
 };
 
-// Tiles of every (set, matrix) in 64-row pieces, grouped by (bits, codebook) class.
-std::map<std::array<int, 2>, std::vector<GroupedTile>> make_tiles(const GroupedCase& c, int sets) {
-  std::map<std::array<int, 2>, std::vector<GroupedTile>> by_class;
+// Tiles of every (set, matrix) in 64-row pieces, grouped by (bits, codebook, row class).
+std::map<std::array<int, 3>, std::vector<GroupedTile>> make_tiles(const GroupedCase& c, int sets) {
+  std::map<std::array<int, 3>, std::vector<GroupedTile>> by_class;
   int64_t r0 = 0;
   for (size_t e = 0; e < c.rows.size(); ++e) {
     for (int64_t r = 0; r < c.rows[e]; r += 64)
-      for (int s = 0; s < sets; ++s)
-        by_class[c.classes[s][e]].push_back({s, static_cast<int32_t>(e), static_cast<int32_t>(r0 + r),
-                                             static_cast<int32_t>(std::min<int64_t>(64, c.rows[e] - r))});
+      for (int s = 0; s < sets; ++s) {
+        const auto rows = static_cast<int32_t>(std::min<int64_t>(64, c.rows[e] - r));
+        const auto [bits, cb] = c.classes[s][e];
+        by_class[{bits, cb, ops::grouped_row_class(rows)}].push_back(
+            {s, static_cast<int32_t>(e), static_cast<int32_t>(r0 + r), rows});
+      }
     r0 += c.rows[e];
   }
   return by_class;
@@ -112,6 +115,7 @@ void run_grouped(const GroupedCase& c, uint64_t seed) {
       ops::GroupedGemmParams p = g;
       p.bits = cls[0];
       p.codebook = cls[1];
+      p.row_class = cls[2];
       const size_t step = mode == 0 ? t.size() : 1;
       for (size_t i = 0; i < t.size(); i += step) {
         p.tiles = d_tiles.as<GroupedTile>() + first + i;
@@ -164,7 +168,7 @@ TEST(Exl3GpuGrouped, MatchesCpuReferencePerMatrix) {
   // Both sets of the MoE's gate/up form: classes shared and not shared between the sets.
   run_grouped({384, 256, 380, 250,
                {{{2, 2}, {3, 2}, {3, 2}, {4, 0}, {2, 2}}, {{3, 2}, {3, 1}, {3, 2}, {5, 2}, {3, 2}}},
-               {1, 0, 65, 17, 130},
+               {1, 0, 65, 40, 130},
                ActType::F32,
                true},
               11);
@@ -172,7 +176,7 @@ TEST(Exl3GpuGrouped, MatchesCpuReferencePerMatrix) {
   GroupedCase one{256, 384, 256, 384, {{}, {}}, {}, ActType::BF16, false};
   for (int K = 1; K <= 8; ++K) {
     one.classes[0].push_back({K, K % 3});
-    one.rows.push_back(K == 4 ? 64 : 3 * K + 1);
+    one.rows.push_back(K == 4 ? 64 : K == 7 ? 33 : 3 * K + 1);
   }
   run_grouped(one, 23);
 }
@@ -193,6 +197,9 @@ TEST(Exl3GpuGrouped, RefusesBadArguments) {
   EXPECT_THROW(ops::exl3_grouped_gemm(g, nullptr), Error);
   g.n = 256;
   g.ntiles = 70000;
+  EXPECT_THROW(ops::exl3_grouped_gemm(g, nullptr), Error);
+  g.ntiles = 1;
+  g.row_class = 5;
   EXPECT_THROW(ops::exl3_grouped_gemm(g, nullptr), Error);
   ops::GroupedInputParams in;
   in.k = 256;

@@ -22,6 +22,7 @@ using exl3::cuda::GemmPlan;
 using exl3::cuda::GroupedGemmParams;
 using exl3::cuda::GroupedInputParams;
 using exl3::cuda::GroupedTile;
+using exl3::cuda::grouped_row_class;
 using exl3::cuda::MoeParams;
 
 // SM count of the current device (cached per device).
@@ -50,7 +51,7 @@ void exl3_gemm(const GemmParams& p, cudaStream_t stream);
 void exl3_reconstruct(const Exl3Matrix& w, uint16_t* w_hat, cudaStream_t stream);
 
 // Grouped linears over rows sorted by matrix (see exl3_grouped.h): the inputs of every set, then one
-// launch per (bits, codebook) class of tiles. The device arrays (src_row, matrix_of, tiles, out_row)
+// launch per (bits, codebook, row class) of tiles. The device arrays (src_row, matrix_of, tiles, out_row)
 // are the caller's: their entries are trusted, and a tile whose matrix is not of the launch's class
 // and shape stops the kernel (a device trap).
 void exl3_grouped_input(const GroupedInputParams& p, cudaStream_t stream);

@@ -24,6 +24,22 @@ __global__ void __launch_bounds__(kThreads) input_transform_kernel(const XSource
 }
 
 // ---- x staging -----------------------------------------------------------------------------
+// A batched call's matrix `mat`: its x rows and suh (staging kernels run one item per matrix,
+// chunk and token). Matrices of another shape, bit width or codebook than the first stop the kernel.
+struct StageBatch {
+  int batch;
+  const cuda::Exl3Matrix* ws;  // device [batch] (batch > 1)
+  int64_t x_batch_bytes;
+  int k, n, bits, codebook;  // of the first matrix
+  __device__ __forceinline__ void select(int mat, XSource& xs) const {
+    if (batch <= 1) return;
+    const cuda::Exl3Matrix& w = ws[mat];
+    if (w.k != k || w.n != n || w.bits != bits || w.codebook != codebook) __trap();
+    xs.p = static_cast<const unsigned char*>(xs.p) + mat * x_batch_bytes;
+    xs.suh = w.suh;
+  }
+};
+
 // Position o (0..15) inside a k-tile -> (lane group tig, fragment register i) of the B operand:
 // register i of lane (g, tig) holds k-offset 2*tig + {0, 8, 1, 9}[i] (int8, m16n8k32 with one
 // weight per 4 k-slots) or halves {2*tig, 2*tig+1} / {2*tig+8, 2*tig+9} (f16, m16n8k16).
@@ -36,14 +52,19 @@ __device__ __forceinline__ void frag_slot(int o, int& tig, int& i) {
 // hi + lo/254 relative to the chunk's amax/127, written as splatted B fragments
 // [k/16][32 lanes] uint4 (lane 4*(2r + level) + tig); tokens >= m get zeros. qstats[chunk][r] =
 // {kMul1Inv * s, kMul1Off * s * (sum hi + sum lo / 254)} with s = amax / 127.
-__global__ void __launch_bounds__(kThreads) stage_int8_kernel(const XSource xs, int k, uint32_t* frag,
-                                                             float2* qstats) {
+__global__ void __launch_bounds__(kThreads) stage_int8_kernel(XSource xs, int k, uint32_t* frag, float2* qstats,
+                                                             const StageBatch sb) {
   griddep_wait();
   griddep_launch_dependents();
   const int lane = threadIdx.x & 31;
-  const int item = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  int item = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int nchunks = k / 128;
-  if (item >= 4 * nchunks) return;
+  if (item >= 4 * nchunks * sb.batch) return;
+  const int mat = item / (4 * nchunks);
+  item -= mat * 4 * nchunks;
+  sb.select(mat, xs);
+  frag += static_cast<size_t>(mat) * (k / 16) * 128;
+  qstats += mat * nchunks * 4;
   const int chunk = item >> 2, r = item & 3;
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (r < xs.m) load4(xs, r, static_cast<int64_t>(chunk) * 128 + 4 * lane, v);
@@ -81,13 +102,17 @@ __global__ void __launch_bounds__(kThreads) stage_int8_kernel(const XSource xs, 
 
 // One warp per (token r < 8, 128-row chunk): x_had in fp16 as B fragments [k/16][32] uint2
 // (lane 4*r + tig); tokens >= m get zeros.
-__global__ void __launch_bounds__(kThreads) stage_f16_kernel(const XSource xs, int k, __half* frag) {
+__global__ void __launch_bounds__(kThreads) stage_f16_kernel(XSource xs, int k, __half* frag, const StageBatch sb) {
   griddep_wait();
   griddep_launch_dependents();
   const int lane = threadIdx.x & 31;
-  const int item = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  int item = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const int nchunks = k / 128;
-  if (item >= 8 * nchunks) return;
+  if (item >= 8 * nchunks * sb.batch) return;
+  const int mat = item / (8 * nchunks);
+  item -= mat * 8 * nchunks;
+  sb.select(mat, xs);
+  frag += static_cast<size_t>(mat) * (k / 16) * 128;
   const int chunk = item >> 3, r = item & 7;
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (r < xs.m) load4(xs, r, static_cast<int64_t>(chunk) * 128 + 4 * lane, v);
@@ -212,8 +237,8 @@ size_t gemm_workspace_bytes(const Exl3Matrix& w, int64_t m, const GemmPlan& plan
     if (plan.splits > 1) bytes += align256(static_cast<size_t>(plan.splits) * m_pad * w.n * 4);
     return bytes;
   }
-  bytes += align256(xfrag_bytes(w, plan.path));
-  if (plan.path == GemmPath::Int8) bytes += align256(static_cast<size_t>(w.k / 128) * 4 * 8);
+  bytes += align256(xfrag_bytes(w, plan.path) * plan.batch);
+  if (plan.path == GemmPath::Int8) bytes += align256(static_cast<size_t>(w.k / 128) * 4 * 8 * plan.batch);
   bytes += align256(static_cast<size_t>(plan.grid) * 2 * 8 * 128 * 4);
   return bytes;
 }
@@ -230,10 +255,10 @@ cudaError_t launch_gemm(const GemmParams& p, const GemmPlan& plan, cudaStream_t 
     dev::StreamArgs a{};
     a.w = p.w;
     a.xfrag = ws + off;
-    off += align256(xfrag_bytes(p.w, plan.path));
+    off += align256(xfrag_bytes(p.w, plan.path) * plan.batch);
     if (plan.path == GemmPath::Int8) {
       a.qstats = reinterpret_cast<const float2*>(ws + off);
-      off += align256(static_cast<size_t>(p.w.k / 128) * 4 * 8);
+      off += align256(static_cast<size_t>(p.w.k / 128) * 4 * 8 * plan.batch);
     }
     a.part = reinterpret_cast<float*>(ws + off);
     a.counters = counters;
@@ -242,19 +267,26 @@ cudaError_t launch_gemm(const GemmParams& p, const GemmPlan& plan, cudaStream_t 
     a.y_cols = p.y_cols;
     a.y_stride = p.y_stride;
     a.m = static_cast<int>(p.m);
+    a.round_bf16 = p.round_bf16;
     a.units_per_group = p.w.k / 128;
+    a.batch = plan.batch;
+    a.ws = p.batch_w;
+    a.xfrag_batch_bytes = xfrag_bytes(p.w, plan.path);
+    a.y_batch_stride = p.y_batch_stride;
+    const int64_t x_elem = p.x_type == ActType::F32 ? 4 : 2;
+    const dev::StageBatch sb{plan.batch, p.batch_w, p.x_batch_stride * x_elem, p.w.k, p.w.n, p.w.bits, p.w.codebook};
     const size_t smem = dev::stream_smem_bytes(p.w.bits, plan.path == GemmPath::Int8);
     cudaError_t e = raise_smem_once(fn, smem);
     if (e != cudaSuccess) return e;
     const int nchunks = p.w.k / 128;
     if (plan.path == GemmPath::Int8) {
-      const unsigned blocks = static_cast<unsigned>((4 * nchunks + dev::kWarps - 1) / dev::kWarps);
+      const unsigned blocks = static_cast<unsigned>((4 * nchunks * plan.batch + dev::kWarps - 1) / dev::kWarps);
       e = launch_pdl(dev::stage_int8_kernel, dim3(blocks), dev::kThreads, 0, stream, xs, p.w.k,
-                     static_cast<uint32_t*>(const_cast<void*>(a.xfrag)), const_cast<float2*>(a.qstats));
+                     static_cast<uint32_t*>(const_cast<void*>(a.xfrag)), const_cast<float2*>(a.qstats), sb);
     } else {
-      const unsigned blocks = static_cast<unsigned>((8 * nchunks + dev::kWarps - 1) / dev::kWarps);
+      const unsigned blocks = static_cast<unsigned>((8 * nchunks * plan.batch + dev::kWarps - 1) / dev::kWarps);
       e = launch_pdl(dev::stage_f16_kernel, dim3(blocks), dev::kThreads, 0, stream, xs, p.w.k,
-                     static_cast<__half*>(const_cast<void*>(a.xfrag)));
+                     static_cast<__half*>(const_cast<void*>(a.xfrag)), sb);
     }
     if (e != cudaSuccess) return e;
     return launch_pdl(fn, dim3(plan.grid), dev::kThreads, smem, stream, a);
@@ -268,6 +300,7 @@ cudaError_t launch_gemm(const GemmParams& p, const GemmPlan& plan, cudaStream_t 
   a.y_cols = p.y_cols;
   a.y_stride = p.y_stride;
   a.m = static_cast<int>(p.m);
+  a.round_bf16 = p.round_bf16;
   a.m_pad = plan.m_blocks * kLargeRows;
   a.splits = plan.splits;
   a.kt_per_split = plan.kt_per_split;

@@ -42,7 +42,8 @@ struct GemmPlan {
   int splits = 1;        // large: k-splits per output group; small: blocks per output group (about)
   int kt_per_split = 0;  // large: k-tiles (16 rows) per split, a multiple of 8; small: 8 (one unit)
   int m_blocks = 1;      // row blocks (large path: 64 rows each)
-  int grid = 0;          // small paths: persistent blocks (<= units = n/128 * k/128)
+  int grid = 0;          // small paths: persistent blocks (<= units = batch * n/128 * k/128)
+  int batch = 1;         // matrices of a batched small-path call
   size_t workspace = 0;  // bytes of workspace needed
 };
 
@@ -56,6 +57,14 @@ struct GemmParams {
   int64_t y_cols = 0, y_stride = 0;
   void* workspace = nullptr;  // zeroed once by gemm_workspace_init; reusable across calls
   size_t workspace_bytes = 0;
+  bool round_bf16 = false;  // round each output to a bf16 value before storing (the reference's rounding)
+  // Batched small paths (m <= 8): `batch` matrices of w's shape, bits and codebook in one staging
+  // and one stream launch (w is a host copy of the first; batch_w the device array of all of them),
+  // matrix i reading x + i·x_batch_stride and writing y + i·y_batch_stride (elements). The units of
+  // all matrices share one stream-K grid, so several small linears cost about one launch.
+  int batch = 1;
+  const Exl3Matrix* batch_w = nullptr;
+  int64_t x_batch_stride = 0, y_batch_stride = 0;
   GemmPath path = GemmPath::Auto;  // force a path (tests, benchmark)
   int splits = 0;                  // force a k-split count / blocks per group (0 = heuristic)
 };

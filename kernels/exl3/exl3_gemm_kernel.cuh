@@ -13,6 +13,7 @@ struct GemmArgs {
   int y_type;
   int64_t y_cols, y_stride;
   int m, m_pad, splits, kt_per_split;
+  bool round_bf16;
   float* part;    // [splits][m_pad][n] when splits > 1
   int* counters;  // [m_blocks][n/128]
 };
@@ -48,6 +49,7 @@ __device__ __forceinline__ bool finish_group(const GemmArgs& a, float* red, int 
       const int col = ng * 128 + 4 * lane + e;
       float o = v[e];
       if (a.w.bias) o += __half2float(__ushort_as_half(a.w.bias[col]));
+      if (a.round_bf16) o = __bfloat162float(__float2bfloat16_rn(o));
       if (col < a.y_cols) store_act(a.y, a.y_type, static_cast<int64_t>(tok0 + r) * a.y_stride + col, o);
     }
   }

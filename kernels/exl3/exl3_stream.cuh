@@ -13,6 +13,9 @@
 // of the same depth as the trellis ring (one block barrier per unit). The int8 path quantises per
 // 128-row chunk (= per unit), so its scale flush happens at unit boundaries.
 //
+// A batched call (several matrices of one shape and kind, each with its own x and outputs) numbers
+// the units of matrix i after those of matrix i - 1, so one grid streams all of them.
+//
 // Both kernels take part in programmatic dependent launch: the stream kernel prefetches its first
 // trellis groups before waiting for the staging kernel, so its launch and pipeline fill overlap
 // the staging. On a plain launch griddepcontrol is a no-op.
@@ -61,9 +64,17 @@ struct StreamArgs {
   int y_type;
   int64_t y_cols, y_stride;
   int m;
+  bool round_bf16;
   int units_per_group;  // k / 128
   float* part;          // [grid][2][8][128]
-  int* counters;        // [n / 128]
+  int* counters;        // [batch][n / 128]
+  // A batched call (GemmParams::batch): matrix i's units follow matrix i - 1's; its trellis, svh and
+  // bias come from ws[i], its staged x and int8 statistics from the i-th slices, its outputs go to
+  // y + i·y_batch_stride.
+  int batch;
+  const cuda::Exl3Matrix* ws;
+  size_t xfrag_batch_bytes;
+  int64_t y_batch_stride;
 };
 
 template <int K, int CB, bool INT8>
@@ -80,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int U = a.units_per_group;
   const int ngroups = a.w.n / 128;
-  const int total = ngroups * U;
+  const int total = a.batch * ngroups * U;  // units; u / U is the column group over all matrices
   const int G = gridDim.x, b = blockIdx.x;
   const int u0 = unit_begin(b, total, G), u1 = unit_begin(b + 1, total, G);
   const int nq = u1 - u0;
@@ -90,11 +101,14 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
   unsigned char* xring = smem + ring_bytes(K);  // [NG][kGroup k-tiles][32 lanes] Frag
   float* red = reinterpret_cast<float*>(xring + NG * kGroup * 32 * FB);
 
-  // Unit u: column group u / U, k-tiles 8 * (u % U) .. + 8; this warp's column tile ng*8 + warp.
+  // Unit u: column group gg = u / U (matrix gg / ngroups, its group gg % ngroups), k-tiles
+  // 8 * (u % U) .. + 8; this warp's column tile of the group.
+  auto trellis_of = [&](int mat) { return a.batch > 1 ? a.ws[mat].trellis : a.w.trellis; };
   auto prefetch_trellis = [&](int q) {
     if (q < nq) {
-      const int u = u0 + q;
-      const uint16_t* src = a.w.trellis + (static_cast<size_t>(u % U) * kGroup * ntn + (u / U) * 8 + warp) * 16 * K;
+      const int u = u0 + q, gg = u / U, mat = a.batch > 1 ? gg / ngroups : 0;
+      const uint16_t* src =
+          trellis_of(mat) + (static_cast<size_t>(u % U) * kGroup * ntn + (gg - mat * ngroups) * 8 + warp) * 16 * K;
       uint32_t* dst = ring + (q % NG) * kGroup * TW;
 #pragma unroll
       for (int c = lane; c < CH; c += 32) {
@@ -106,10 +120,10 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
   // The unit's x fragments, shared by the block: warp w copies k-tile w.
   auto prefetch_x = [&](int q) {
     if (q < nq && lane < XCH) {
-      const int kt = ((u0 + q) % U) * kGroup + warp;
-      cp::cp_async16<kCpOrder>(
-          xring + ((q % NG) * kGroup + warp) * 32 * FB + lane * 16,
-          static_cast<const unsigned char*>(a.xfrag) + static_cast<size_t>(kt) * 32 * FB + lane * 16);
+      const int u = u0 + q, kt = (u % U) * kGroup + warp, mat = a.batch > 1 ? u / U / ngroups : 0;
+      cp::cp_async16<kCpOrder>(xring + ((q % NG) * kGroup + warp) * 32 * FB + lane * 16,
+                               static_cast<const unsigned char*>(a.xfrag) + mat * a.xfrag_batch_bytes +
+                                   static_cast<size_t>(kt) * 32 * FB + lane * 16);
     }
   };
   // The trellis never depends on earlier kernels: start streaming it before waiting for the
@@ -156,15 +170,16 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
       }
     }
     if constexpr (INT8) {
-      const float2 qs = a.qstats[(u % U) * 4 + tig];
+      const int qmat = a.batch > 1 ? u / U / ngroups : 0;
+      const float2 qs = a.qstats[(qmat * U + u % U) * 4 + tig];  // the matrix's chunk u % U
       f0 += qs.x * (static_cast<float>(acc[0]) + static_cast<float>(acc[1]) * (1.0f / 254.0f)) + qs.y;
       f1 += qs.x * (static_cast<float>(acc[2]) + static_cast<float>(acc[3]) * (1.0f / 254.0f)) + qs.y;
       acc[0] = acc[1] = acc[2] = acc[3] = 0;
     }
     if (q + 1 < nq && (u + 1) % U != 0) continue;
 
-    // ---- end of this block's part of column group ng: every warp gets here together ----
-    const int ng = u / U;
+    // ---- end of this block's part of column group gg: every warp gets here together ----
+    const int gg = u / U, mat = a.batch > 1 ? gg / ngroups : 0, ng = gg - mat * ngroups;
     if constexpr (INT8) {
       red[tig * 128 + col] = f0;
       red[tig * 128 + col + 8] = f1;
@@ -177,43 +192,47 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
       acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
     }
     __syncthreads();
-    const int gu0 = ng * U, gu1 = gu0 + U;
+    const int gu0 = gg * U, gu1 = gu0 + U;
     bool finish = true;
     if (u0 > gu0 || u1 < gu1) {
       // Shared column group: slot 0 holds the group a block starts in, slot 1 the one it ends in.
-      const int slot = ng == u0 / U ? 0 : 1;
+      const int slot = gg == u0 / U ? 0 : 1;
       float* mine = a.part + (static_cast<size_t>(b) * 2 + slot) * TOKB * 128;
       for (int i = tid; i < a.m * 128; i += kThreads) mine[i] = red[i];
       __threadfence();
       __syncthreads();
       const int bf = block_of_unit(gu0, total, G), bl = block_of_unit(gu1 - 1, total, G);
-      if (tid == 0) s_last = atomicAdd(a.counters + ng, 1) == bl - bf;
+      if (tid == 0) s_last = atomicAdd(a.counters + gg, 1) == bl - bf;
       __syncthreads();
       finish = s_last;
       if (finish) {
         __threadfence();
         // Block bf may hold the group as its last one (slot 1); the later blocks all start in
         // it (slot 0), at a fixed stride: their partials load 8 at a time.
-        const int sl0 = ng == unit_begin(bf, total, G) / U ? 0 : 1;
+        const int sl0 = gg == unit_begin(bf, total, G) / U ? 0 : 1;
         for (int i = tid; i < a.m * 128; i += kThreads) {
           const float first = __ldcg(a.part + (static_cast<size_t>(bf) * 2 + sl0) * TOKB * 128 + i);
           const float* rest = a.part + (static_cast<size_t>(bf + 1) * 2) * TOKB * 128 + i;
           red[i] = first + sum_splits(rest, 2 * TOKB * 128, bl - bf);
         }
-        if (tid == 0) a.counters[ng] = 0;  // every block of the group has arrived: ready for the next call
+        if (tid == 0) a.counters[gg] = 0;  // every block of the group has arrived: ready for the next call
         __syncthreads();
       }
     }
     if (finish) {
+      const uint16_t* svh = a.batch > 1 ? a.ws[mat].svh : a.w.svh;
+      const uint16_t* bias = a.batch > 1 ? a.ws[mat].bias : a.w.bias;
+      const int64_t y0 = mat * a.y_batch_stride;
       for (int r = warp; r < a.m; r += kWarps) {
         float v[4];
-        out_transform(red + r * 128, a.w.svh, ng * 128, v);
+        out_transform(red + r * 128, svh, ng * 128, v);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int c = ng * 128 + 4 * lane + e;
           float o = v[e];
-          if (a.w.bias) o += __half2float(__ushort_as_half(a.w.bias[c]));
-          if (c < a.y_cols) store_act(a.y, a.y_type, static_cast<int64_t>(r) * a.y_stride + c, o);
+          if (bias) o += __half2float(__ushort_as_half(bias[c]));
+          if (a.round_bf16) o = __bfloat162float(__float2bfloat16_rn(o));
+          if (c < a.y_cols) store_act(a.y, a.y_type, y0 + static_cast<int64_t>(r) * a.y_stride + c, o);
         }
       }
     }

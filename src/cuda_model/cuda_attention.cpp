@@ -498,8 +498,9 @@ void Impl::attn_output(const GpuBlock& b, int64_t n) {
   const int64_t Hl = b.n_heads, Gl = b.n_groups, g0 = b.group_begin, in_g = H * hd / G;
   if (b.split) tp_zero(sc.z, n * G * R);
   if (!b.wo_a_slices.empty()) {  // EXL3 layout: group g's heads through slice g, outputs side by side
-    for (int64_t g = 0; g < Gl; ++g)
-      linear(b.wo_a_slices[static_cast<size_t>(g)], sc.o + g * in_g, Hl * hd, n, sc.z + (g0 + g) * R, G * R, true);
+    if (!wo_a_batched(b, sc.o, Hl * hd, in_g, n, sc.z + g0 * R, G * R, R))
+      for (int64_t g = 0; g < Gl; ++g)
+        linear(b.wo_a_slices[static_cast<size_t>(g)], sc.o + g * in_g, Hl * hd, n, sc.z + (g0 + g) * R, G * R, true);
   } else {
     gpu::DenseArgs wa;
     wa.w = b.wo_a.get();

@@ -201,7 +201,7 @@ void Impl::alloc_exl3_workspaces() {
 }
 
 // y = x·W on the EXL3 GEMM: fp32 activations in, fp32 sums out (padded inputs read as zeros, padded
-// outputs trimmed by the kernel), then the reference's bf16 rounding where asked. Rows beyond one
+// outputs trimmed by the kernel), rounded to bf16 values in the kernel's epilogue where asked. Rows beyond one
 // call's reach (ops::exl3_gemm_max_rows: ~1,024 for the head) go in several calls.
 void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                        bool round) {
@@ -215,6 +215,7 @@ void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int
   p.y_stride = y_stride;
   p.workspace = exl3_ws.get();
   p.workspace_bytes = exl3_ws.bytes();
+  p.round_bf16 = round;
   const int64_t most = ops::exl3_gemm_max_rows(l.exl3);
   for (int64_t r0 = 0; r0 < m; r0 += most) {
     p.m = std::min(most, m - r0);
@@ -222,10 +223,51 @@ void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int
     p.y = y + r0 * y_stride;
     ops::exl3_gemm(p, stream);
   }
-  if (round) {
-    gpu::ScaleRoundArgs r{y, m, l.out, y_stride, 1.0f};
-    gpu::scale_round(r, stream);
+}
+
+// The wo_a slices of a layer (one EXL3 linear per output group, EXL3.md §1.8) are small: at decode
+// each is a short call whose cost is mostly fixed (two launches, the pipeline's fill, the last
+// group's reduction). When they share shape, bit width and codebook they run as one batched call
+// of the small paths (GemmParams::batch): one staging and one stream launch for all groups.
+void Impl::plan_wo_a_batch(GpuBlock& b) {
+  std::vector<ops::Exl3Matrix> ws;
+  for (const GpuLinear& l : b.wo_a_slices) {
+    if (l.kind != GpuLinear::Kind::Exl3) return;
+    const ops::Exl3Matrix& f = b.wo_a_slices.front().exl3;
+    if (l.exl3.k != f.k || l.exl3.n != f.n || l.exl3.bits != f.bits || l.exl3.codebook != f.codebook) return;
+    ws.push_back(l.exl3);
   }
+  if (ws.size() < 2) return;
+  b.wo_a_batch = DeviceBuffer::from(ws);
+  const auto batch = static_cast<int>(ws.size());
+  for (int64_t m = 1; m <= std::min<int64_t>(8, std::max<int64_t>(1, opts.max_chunk_tokens)); ++m)
+    exl3_ws_bytes = std::max(exl3_ws_bytes, ops::exl3_gemm_plan(ws.front(), m, ops::GemmPath::Auto, 0, batch).workspace);
+}
+
+bool Impl::wo_a_batched(const GpuBlock& b, const float* x, int64_t x_stride, int64_t x_step, int64_t m, float* y,
+                        int64_t y_stride, int64_t y_step) {
+  if (b.wo_a_batch.bytes() == 0 || m > 8) return false;
+  const GpuLinear& l = b.wo_a_slices.front();
+  ops::GemmParams p;
+  p.w = l.exl3;
+  p.batch = static_cast<int>(b.wo_a_slices.size());
+  p.batch_w = b.wo_a_batch.as<ops::Exl3Matrix>();
+  p.x = x;
+  p.x_type = ops::ActType::F32;
+  p.m = m;
+  p.x_cols = l.in;
+  p.x_stride = x_stride;
+  p.x_batch_stride = x_step;
+  p.y = y;
+  p.y_type = ops::ActType::F32;
+  p.y_cols = l.out;
+  p.y_stride = y_stride;
+  p.y_batch_stride = y_step;
+  p.round_bf16 = true;
+  p.workspace = exl3_ws.get();
+  p.workspace_bytes = exl3_ws.bytes();
+  ops::exl3_gemm(p, stream);
+  return true;
 }
 
 // The MoE of an EXL3 layer after the router (block.cpp moe): the selected experts and the shared

@@ -69,6 +69,7 @@ struct GpuBlock {
   DeviceBuffer wo_a;  // [G·R][in_g], grouped dense
   DenseType wo_a_type = DenseType::BF16;
   std::vector<GpuLinear> wo_a_slices;  // EXL3 layout (`wo_a.slice.{g}`, EXL3 or dense): one per group
+  DeviceBuffer wo_a_batch;  // the slices' Exl3Matrix (device) when all are EXL3 of one shape and kind
   DeviceBuffer q_norm, kv_norm, sink;
   // compressor (KV sources) and index keys
   bool has_compressor = false, has_index_keys = false;
@@ -350,6 +351,11 @@ struct Impl {
   void alloc_exl3_workspaces();
   void linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                    bool round);
+  // The wo_a slices as one batched EXL3 call when the block has wo_a_batch and m <= 8 rows (false:
+  // the caller runs them one by one): slice g reads x + g·x_step and writes y + g·y_step.
+  bool wo_a_batched(const GpuBlock& b, const float* x, int64_t x_stride, int64_t x_step, int64_t m, float* y,
+                    int64_t y_stride, int64_t y_step);
+  void plan_wo_a_batch(GpuBlock& b);
   void moe_exl3(const GpuBlock& b, int64_t n);
   void moe_exl3_by_expert(const GpuBlock& b, int64_t n);
   // The shared expert of an EXL3 layer apart from the grouped kernels, into moe_rows(b, n).shared

@@ -225,6 +225,7 @@ void Impl::load_block(GpuBlock& b, int64_t layer, const std::string& prefix_arg,
     // EXL3 layout (EXL3.md §1.8): one linear per group, each EXL3 or left unquantized (cpu_load.cpp).
     for (int64_t g = b.group_begin; g < b.group_begin + b.n_groups; ++g)
       b.wo_a_slices.push_back(upload_linear(ap + ".wo_a.slice." + std::to_string(g), in_g, c.o_lora_rank, kBF16));
+    plan_wo_a_batch(b);
   } else {
     std::vector<float> w = load_dense_weight(ck, ap + ".wo_a", in_g, c.o_groups * c.o_lora_rank);
     if (ck.get(ap + ".wo_a.weight").dtype == DType::F8_E4M3) round_to_bf16(w);

@@ -51,14 +51,18 @@ int current_sm_count() {
   return cache[dev];
 }
 
-GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path, int splits) {
+GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path, int splits, int batch) {
   check_matrix(w, "exl3_gemm");
   DSV_CHECK(m >= 1, "exl3_gemm: m={} must be at least 1", m);
   DSV_CHECK(splits >= 0, "exl3_gemm: splits={} must not be negative", splits);
+  DSV_CHECK(batch >= 1 && batch <= 64, "exl3_gemm: batch={} outside 1..64", batch);
   GemmPlan plan;
+  plan.batch = batch;
   if (path == GemmPath::Auto) {
     path = (m <= 4 && w.codebook == 2) ? GemmPath::Int8 : (m <= 8 ? GemmPath::F16 : GemmPath::Large);
   }
+  DSV_CHECK(batch == 1 || path != GemmPath::Large, "exl3_gemm: a batch of {} matrices takes m <= 8 rows, got {}",
+            batch, m);
   DSV_CHECK(path != GemmPath::Int8 || (w.codebook == 2 && m <= 4),
             "exl3_gemm: the int8 path needs the MUL1 codebook and m <= 4 (codebook {}, m {})", w.codebook, m);
   DSV_CHECK(path != GemmPath::F16 || m <= 8, "exl3_gemm: the f16 path takes m <= 8 rows, got {}", m);
@@ -77,13 +81,13 @@ GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path, int split
     // one column group x 128 k-rows). A forced `splits` asks for that many blocks per column group.
     plan.m_blocks = 1;
     plan.kt_per_split = 8;
-    const int units = ngroups * (ktiles / 8);
-    int grid = splits > 0 ? ngroups * splits : sms * std::max(1, exl3::cuda::stream_blocks_per_sm(w, path));
+    const int units = batch * ngroups * (ktiles / 8);
+    int grid = splits > 0 ? batch * ngroups * splits : sms * std::max(1, exl3::cuda::stream_blocks_per_sm(w, path));
     plan.grid = std::clamp(grid, 1, units);
-    plan.splits = (plan.grid + ngroups - 1) / ngroups;
+    plan.splits = (plan.grid + batch * ngroups - 1) / (batch * ngroups);
   }
-  DSV_CHECK(static_cast<size_t>(ngroups) * plan.m_blocks * 4 <= kCounterBytes,
-            "exl3_gemm: n={} with m={} exceeds the ticket counter space", w.n, m);
+  DSV_CHECK(static_cast<size_t>(batch) * ngroups * plan.m_blocks * 4 <= kCounterBytes,
+            "exl3_gemm: n={} with m={} (batch {}) exceeds the ticket counter space", w.n, m, batch);
   plan.workspace = exl3::cuda::gemm_workspace_bytes(w, m, plan);
   return plan;
 }
@@ -113,8 +117,12 @@ void exl3_workspace_init(void* workspace, size_t bytes, cudaStream_t stream) {
 }
 
 void exl3_gemm(const GemmParams& p, cudaStream_t stream) {
-  const GemmPlan plan = exl3_gemm_plan(p.w, p.m, p.path, p.splits);
+  const GemmPlan plan = exl3_gemm_plan(p.w, p.m, p.path, p.splits, p.batch);
   DSV_CHECK(p.x && p.y, "exl3_gemm: x and y must be device pointers");
+  DSV_CHECK(p.batch == 1 || (p.batch_w && p.x_batch_stride >= 0 && p.y_batch_stride >= p.y_cols),
+            "exl3_gemm: a batch of {} needs the device array of its matrices, x_batch_stride >= 0 and "
+            "y_batch_stride={} >= y_cols={} (outputs must not overlap)",
+            p.batch, p.y_batch_stride, p.y_cols);
   DSV_CHECK(p.x_cols >= 1 && p.x_cols <= p.w.k && p.x_stride >= p.x_cols,
             "exl3_gemm: x_cols={} must be in 1..k={} and x_stride={} >= x_cols", p.x_cols, p.w.k, p.x_stride);
   DSV_CHECK(p.y_cols >= 1 && p.y_cols <= p.w.n && p.y_stride >= p.y_cols,

@@ -1,9 +1,13 @@
 // GPU parity of the EXL3 linear kernels against the CPU decoder (src/exl3): bit-exact W_hat, and
 // y = x·W on every path, K 1..8, every codebook, fp16/bf16/fp32 activations and outputs,
-// zero-extended inputs, trimmed outputs, bias, split-K determinism; plus the shipped fixture.
+// zero-extended inputs, trimmed outputs, bias, split-K determinism, batched small-path calls, the
+// epilogue's bf16 rounding; plus the shipped fixture.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "dsv41/common/error.h"
 #include "dsv41/loader/safetensors.h"
@@ -152,6 +156,160 @@ TEST(Exl3GpuGemm, SplitKCountsAgree) {
   // whole groups and a group head.
   run_case({256, 128 * 700, 3, 2, 1, 256, 128 * 700 - 5, ActType::BF16, ActType::F32, GemmPath::Int8, 0, true}, 991);
   run_case({256, 128 * 700, 2, 1, 3, 256, 128 * 700, ActType::F16, ActType::F32, GemmPath::F16, 0, false}, 992);
+}
+
+// A batched small-path call: `batch` matrices of one shape and kind, matrix i reading its own rows of
+// x (x + i·x_batch_stride, here interleaved in one row as the wo_a groups are) and writing its own
+// columns of y; each matrix against the CPU reference, twice for bitwise repeatability, the gaps
+// between the matrices' outputs untouched.
+void run_batch_case(int64_t k, int64_t n, int K, int cb, int64_t m, int batch, GemmPath path, int splits,
+                    ActType xt, uint64_t seed) {
+  SCOPED_TRACE("batch " + std::to_string(batch) + " k=" + std::to_string(k) + " n=" + std::to_string(n) + " K=" +
+               std::to_string(K) + " cb=" + std::to_string(cb) + " m=" + std::to_string(m) + " path=" +
+               std::to_string(static_cast<int>(path)) + " splits=" + std::to_string(splits));
+  std::vector<std::unique_ptr<RandomMatrix>> ws;
+  std::vector<ops::Exl3Matrix> dev;
+  for (int i = 0; i < batch; ++i) {
+    ws.push_back(std::make_unique<RandomMatrix>(k, n, K, cb, seed + 31 * i, i % 2 == 1));
+    dev.push_back(ws.back()->device());
+  }
+  const int64_t x_stride = batch * k, y_cols = n - 3, y_step = n + 5, y_stride = batch * y_step;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * x_stride));
+  for (float& v : x) v = nd(rng);
+  std::vector<uint8_t> xraw;
+  x = round_acts(x, xt, xraw);
+  DeviceBuffer d_x = DeviceBuffer::from(xraw), d_w = DeviceBuffer::from(dev), d_y(static_cast<size_t>(m * y_stride) * 4);
+  ops::GemmParams p;
+  p.w = dev.front();
+  p.batch = batch;
+  p.batch_w = d_w.as<ops::Exl3Matrix>();
+  p.x = d_x.get();
+  p.x_type = xt;
+  p.m = m;
+  p.x_cols = k;
+  p.x_stride = x_stride;
+  p.x_batch_stride = k;
+  p.y = d_y.get();
+  p.y_type = ActType::F32;
+  p.y_cols = y_cols;
+  p.y_stride = y_stride;
+  p.y_batch_stride = y_step;
+  p.path = path;
+  p.splits = splits;
+  const ops::GemmPlan plan = ops::exl3_gemm_plan(p.w, m, path, splits, batch);
+  DeviceBuffer wsb(plan.workspace);
+  ops::exl3_workspace_init(wsb.get(), wsb.bytes(), nullptr);
+  p.workspace = wsb.get();
+  p.workspace_bytes = wsb.bytes();
+  std::vector<std::vector<float>> outs;
+  for (int rep = 0; rep < 2; ++rep) {
+    CUDA_OK(cudaMemset(d_y.get(), 0xFF, d_y.bytes()));
+    ops::exl3_gemm(p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    outs.push_back(d_y.to_host<float>(static_cast<size_t>(m * y_stride)));
+  }
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0) << "two identical launches differ";
+  std::vector<float> xm(static_cast<size_t>(m * k)), yref(static_cast<size_t>(m * n));
+  for (int i = 0; i < batch; ++i) {
+    for (int64_t r = 0; r < m; ++r)
+      std::copy_n(&x[static_cast<size_t>(r * x_stride + i * k)], k, &xm[static_cast<size_t>(r * k)]);
+    exl3::exl3_matmul_f32(ws[static_cast<size_t>(i)]->view(), xm.data(), m, yref.data());
+    std::vector<float> got, want;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < y_step; ++c) {
+        const float v = outs[0][static_cast<size_t>(r * y_stride + i * y_step + c)];
+        if (c < y_cols) {
+          got.push_back(v);
+          want.push_back(yref[static_cast<size_t>(r * n + c)]);
+        } else {
+          uint32_t bits;
+          std::memcpy(&bits, &v, 4);
+          ASSERT_EQ(bits, 0xFFFFFFFFu) << "matrix " << i << " wrote column " << c;
+        }
+      }
+    const double err = rel_rms(got, want);
+    EXPECT_LE(err, 1e-3) << "matrix " << i << ": relative RMS error " << err;
+  }
+}
+
+TEST(Exl3GpuGemm, BatchedSmallPaths) {
+  run_batch_case(512, 256, 3, 2, 1, 8, GemmPath::Int8, 0, ActType::F32, 1);   // the wo_a form: 8 groups, 1 row
+  run_batch_case(512, 256, 3, 2, 4, 4, GemmPath::Int8, 3, ActType::BF16, 2);  // shared column groups
+  run_batch_case(384, 384, 2, 0, 6, 3, GemmPath::F16, 0, ActType::F16, 3);
+  run_batch_case(256, 128, 5, 1, 8, 5, GemmPath::F16, 2, ActType::F32, 4);
+  run_batch_case(1024, 128, 4, 2, 2, 2, GemmPath::Auto, 0, ActType::F32, 5);
+  // Refused on the host: a batch on the large path, overlapping outputs, no matrix array.
+  RandomMatrix w(256, 256, 3, 2, 9);
+  EXPECT_THROW(ops::exl3_gemm_plan(w.device(), 9, GemmPath::Auto, 0, 2), Error);
+  EXPECT_THROW(ops::exl3_gemm_plan(w.device(), 1, GemmPath::Auto, 0, 0), Error);
+  ops::GemmParams p;
+  p.w = w.device();
+  p.batch = 2;
+  p.x = p.y = w.d_trellis.get();
+  p.m = 1;
+  p.x_cols = p.x_stride = 256;
+  p.y_cols = p.y_stride = 256;
+  p.y_batch_stride = 255;
+  p.workspace = w.d_trellis.get();
+  p.workspace_bytes = 1 << 30;
+  EXPECT_THROW(ops::exl3_gemm(p, nullptr), Error);  // no batch_w, outputs overlapping
+}
+
+// round_bf16: every path stores the bf16 rounding (to nearest even) of exactly the fp32 value it
+// stores without it, and leaves the columns past y_cols alone.
+TEST(Exl3GpuGemm, EpilogueRoundsToBf16) {
+  const int64_t k = 512, n = 384, y_cols = 380;
+  for (const auto& [path, m] : {std::pair{GemmPath::Int8, int64_t{3}}, std::pair{GemmPath::F16, int64_t{7}},
+                                std::pair{GemmPath::Large, int64_t{70}}}) {
+    SCOPED_TRACE("path=" + std::to_string(static_cast<int>(path)));
+    RandomMatrix w(k, n, 3, 2, 77 + m, true);
+    std::mt19937_64 rng(m);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = nd(rng);
+    DeviceBuffer d_x = DeviceBuffer::from(x), d_y(static_cast<size_t>(m * n) * 4);
+    ops::GemmParams p;
+    p.w = w.device();
+    p.x = d_x.get();
+    p.x_type = ActType::F32;
+    p.m = m;
+    p.x_cols = p.x_stride = k;
+    p.y = d_y.get();
+    p.y_type = ActType::F32;
+    p.y_cols = y_cols;
+    p.y_stride = n;
+    p.path = path;
+    const ops::GemmPlan plan = ops::exl3_gemm_plan(p.w, m, path);
+    DeviceBuffer ws(plan.workspace);
+    ops::exl3_workspace_init(ws.get(), ws.bytes(), nullptr);
+    p.workspace = ws.get();
+    p.workspace_bytes = ws.bytes();
+    std::vector<uint32_t> out[2];
+    for (int round = 0; round < 2; ++round) {
+      CUDA_OK(cudaMemset(d_y.get(), 0xFF, d_y.bytes()));
+      p.round_bf16 = round == 1;
+      ops::exl3_gemm(p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      out[round] = d_y.to_host<uint32_t>(static_cast<size_t>(m * n));
+    }
+    int64_t changed = 0;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        const size_t i = static_cast<size_t>(r * n + c);
+        if (c >= y_cols) {
+          ASSERT_EQ(out[1][i], 0xFFFFFFFFu) << "wrote past y_cols";
+          continue;
+        }
+        float plain;
+        std::memcpy(&plain, &out[0][i], 4);
+        const uint32_t want = static_cast<uint32_t>(f32_to_bf16_bits(plain)) << 16;
+        ASSERT_EQ(out[1][i], want) << "row " << r << " column " << c;
+        changed += out[0][i] != want;
+      }
+    EXPECT_GT(changed, m * y_cols / 2) << "hardly any value changed: the rounding did not run";
+  }
 }
 
 TEST(Exl3GpuGemm, FixtureMul1) {

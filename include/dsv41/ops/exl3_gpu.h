@@ -31,7 +31,9 @@ int current_sm_count();
 // Path and work split for y = x·W with m rows; `path`/`splits` force a choice (0 = heuristic):
 // `splits` is the k-split count on the large path and the blocks per column group (persistent
 // stream-K grid) on the small paths.
-GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path = GemmPath::Auto, int splits = 0);
+// `batch` > 1: a batched small-path call (GemmParams::batch; m <= 8).
+GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path = GemmPath::Auto, int splits = 0,
+                        int batch = 1);
 
 // The most rows one call can take: the large path keeps a ticket counter per (column group, block
 // of rows) in the workspace's fixed counter space, so a wide matrix (the 129,280-column head) takes
@@ -44,7 +46,9 @@ size_t exl3_gemm_workspace_bytes(const Exl3Matrix& w, int64_t m_max);
 // Zeroes a freshly allocated workspace (its ticket counters); kernels keep it reusable.
 void exl3_workspace_init(void* workspace, size_t bytes, cudaStream_t stream);
 
-// y = x·W (+ bias). Plans with p.path / p.splits, validates shapes, pointers and the workspace.
+// y = x·W (+ bias). Plans with p.path / p.splits / p.batch, validates shapes, pointers and the
+// workspace (a batch's matrices are checked on the device against p.w's shape, bits and codebook:
+// a mismatch stops the staging kernel).
 void exl3_gemm(const GemmParams& p, cudaStream_t stream);
 
 // Decodes W_hat [k][n] fp16 (bit-exact with EXL3.md §2.6) with the kernels' own decoder.

@@ -10,7 +10,8 @@
 //   large  m > 8: x_had is formed once by a prologue kernel; each decoded tile feeds 64 rows.
 // The small paths stage x once per call in a small first kernel, then run a persistent stream-K
 // kernel (exl3_stream.cuh) of about one wave whose blocks walk contiguous ranges of
-// (column group, 128-row) units. The large path splits k across blocks. Partial sums are reduced
+// (column group, 128-row) units; a batched call (GemmParams::batch) puts several matrices' units in
+// one such grid. The large path splits k across blocks. Partial sums are reduced
 // in a fixed order by the last block of each output group (no floating-point atomics), so results
 // are bitwise repeatable. The two launches of a small-path call use programmatic dependent launch
 // (set DSV41_EXL3_NO_PDL in the environment to launch them plainly).

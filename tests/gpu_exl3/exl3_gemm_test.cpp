@@ -38,6 +38,22 @@ std::string describe(const GemmCase& c) {
 
 double tolerance(ActType yt) { return yt == ActType::F32 ? 1e-3 : (yt == ActType::F16 ? 1.5e-3 : 5e-3); }
 
+// fp32 rows of k values in, fp32 rows of y_stride out (y_cols written).
+ops::GemmParams f32_params(const ops::Exl3Matrix& w, const DeviceBuffer& x, int64_t m, int64_t k,
+                           const DeviceBuffer& y, int64_t y_cols, int64_t y_stride) {
+  ops::GemmParams p;
+  p.w = w;
+  p.x = x.get();
+  p.x_type = ActType::F32;
+  p.m = m;
+  p.x_cols = p.x_stride = k;
+  p.y = y.get();
+  p.y_type = ActType::F32;
+  p.y_cols = y_cols;
+  p.y_stride = y_stride;
+  return p;
+}
+
 // Runs one case twice (bitwise determinism) and compares with the CPU fp32 reference.
 void run_case(const GemmCase& c, uint64_t seed) {
   SCOPED_TRACE(describe(c));
@@ -270,16 +286,7 @@ TEST(Exl3GpuGemm, EpilogueRoundsToBf16) {
     std::vector<float> x(static_cast<size_t>(m * k));
     for (float& v : x) v = nd(rng);
     DeviceBuffer d_x = DeviceBuffer::from(x), d_y(static_cast<size_t>(m * n) * 4);
-    ops::GemmParams p;
-    p.w = w.device();
-    p.x = d_x.get();
-    p.x_type = ActType::F32;
-    p.m = m;
-    p.x_cols = p.x_stride = k;
-    p.y = d_y.get();
-    p.y_type = ActType::F32;
-    p.y_cols = y_cols;
-    p.y_stride = n;
+    ops::GemmParams p = f32_params(w.device(), d_x, m, k, d_y, y_cols, n);
     p.path = path;
     const ops::GemmPlan plan = ops::exl3_gemm_plan(p.w, m, path);
     DeviceBuffer ws(plan.workspace);
@@ -352,15 +359,7 @@ TEST(Exl3GpuGemm, FixtureMul1) {
     for (GemmPath path : {GemmPath::Int8, GemmPath::F16, GemmPath::Large}) {
       SCOPED_TRACE("path=" + std::to_string(static_cast<int>(path)));
       DeviceBuffer d_y(static_cast<size_t>(m * n) * 4);
-      ops::GemmParams p;
-      p.w = w;
-      p.x = d_x.get();
-      p.x_type = ActType::F32;
-      p.m = m;
-      p.x_cols = p.x_stride = k;
-      p.y = d_y.get();
-      p.y_type = ActType::F32;
-      p.y_cols = p.y_stride = n;
+      ops::GemmParams p = f32_params(w, d_x, m, k, d_y, n, n);
       p.path = path;
       const ops::GemmPlan plan = ops::exl3_gemm_plan(w, m, path);
       DeviceBuffer ws(plan.workspace);

@@ -83,13 +83,12 @@ __device__ __forceinline__ void put_chunk(const uint4& v, float* col, int stride
   col[2 * stride] = __uint_as_float(v.z);
   col[3 * stride] = __uint_as_float(v.w);
 }
-__device__ __forceinline__ void put_chunk(const uint4& v, float* col, int stride, const uint16_t*) {
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+template <class W>  // bf16 (uint16_t) or fp16 (__half) storage
+__device__ __forceinline__ void put_chunk(const uint4& v, float* col, int stride, const W* tag) {
+  float w[8];
+  dev::widen8(v, w, tag);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    col[(2 * i) * stride] = __uint_as_float(u[i] << 16);
-    col[(2 * i + 1) * stride] = __uint_as_float(u[i] & 0xffff0000u);
-  }
+  for (int i = 0; i < 8; ++i) col[i * stride] = w[i];
 }
 
 template <class W, int BM, int BN>
@@ -268,7 +267,9 @@ bool dense_gemm_takes(const DenseArgs& a) {
 cudaError_t dense_gemm(const DenseArgs& a, cudaStream_t s) {
   if (a.m <= 0 || a.out <= 0) return cudaSuccess;
   if (a.in % 32 != 0 || (a.m + 63) / 64 > 65535) return cudaErrorInvalidValue;
-  return a.wt == DenseType::BF16 ? run<uint16_t>(a, s) : run<float>(a, s);
+  if (a.wt == DenseType::BF16) return run<uint16_t>(a, s);
+  if (a.wt == DenseType::F16) return run<__half>(a, s);
+  return run<float>(a, s);
 }
 
 int64_t set_dense_gemm_min_rows(int64_t m) { return g_min_rows.set(m); }

@@ -69,16 +69,6 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
   }
 }
 
-// The 8 bf16 of a piece as floats, in K order (low half first).
-__device__ __forceinline__ void unpack_bf16x8(const uint4 v, float (&w)[8]) {
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    w[2 * i] = __uint_as_float(u[i] << 16);
-    w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-  }
-}
-
 template <class W, int R>
 __global__ void __launch_bounds__(kMaxThreads) dense_stream_kernel(DenseArgs a, StreamTiles p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -165,7 +155,7 @@ __global__ void __launch_bounds__(kMaxThreads) dense_stream_kernel(DenseArgs a, 
         const uint4 wv = wc[j ^ wkey];
         if constexpr (sizeof(W) == 2) {
           float w[8];
-          unpack_bf16x8(wv, w);
+          dev::widen8(wv, w, static_cast<const W*>(nullptr));  // bf16 or fp16
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             if (r < nr) {
@@ -258,9 +248,14 @@ int kernel_regs() {
   }();
   return regs;
 }
-int kernel_regs_for(size_t esize, int R) {
-  if (esize == 2) return R == 1 ? kernel_regs<uint16_t, 1>() : R == 2 ? kernel_regs<uint16_t, 2>() : kernel_regs<uint16_t, 4>();
-  return R == 1 ? kernel_regs<float, 1>() : R == 2 ? kernel_regs<float, 2>() : kernel_regs<float, 4>();
+template <class W>
+int kernel_regs_for(int R) {
+  return R == 1 ? kernel_regs<W, 1>() : R == 2 ? kernel_regs<W, 2>() : kernel_regs<W, 4>();
+}
+int kernel_regs_for(DenseType wt, int R) {
+  if (wt == DenseType::BF16) return kernel_regs_for<uint16_t>(R);
+  if (wt == DenseType::F16) return kernel_regs_for<__half>(R);
+  return kernel_regs_for<float>(R);
 }
 
 // The current device's SMs, shared memory per CTA (opt-in) and per SM, and registers per SM; read
@@ -300,13 +295,13 @@ DeviceLimits device_limits() {
 // / 44 us): the per-thread fma chain, not the weight stream, bounds a streamed tile. Forced
 // settings (tests, benches) may pick any rows per tile, stages and CTAs per SM that fit.
 bool make_plan(const DenseArgs& a, DenseStreamPlan* out) {
-  const size_t esize = a.wt == DenseType::BF16 ? 2 : 4;
+  const size_t esize = a.wt == DenseType::F32 ? 4 : 2;
   if (a.m <= 0 || a.in <= 0 || a.out <= 0 || a.groups <= 0 || a.in > (int64_t{1} << 20)) return false;
   if ((a.in * static_cast<int64_t>(esize)) % 16 != 0 || a.in % 4 != 0 || a.x_stride % 4 != 0) return false;
   if (reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
   const DeviceLimits d = device_limits();
   const size_t limit = std::min(d.smem_block, d.smem_sm > 1024 ? d.smem_sm - 1024 : 0);
-  const int R = act_rows_for(a.m), regs = kernel_regs_for(esize, R);
+  const int R = act_rows_for(a.m), regs = kernel_regs_for(a.wt, R);
   const int64_t nb = (a.in + kKBlock - 1) / kKBlock;
   const int64_t row_tiles = (a.m + R - 1) / R;
   const int f_rows = static_cast<int>(g_rows.get()), f_stages = static_cast<int>(g_stages.get());
@@ -372,7 +367,9 @@ cudaError_t dense_stream(const DenseArgs& a, cudaStream_t s) {
   if (a.m <= 0) return cudaSuccess;
   DenseStreamPlan p;
   if (!make_plan(a, &p)) return cudaErrorInvalidValue;
-  return a.wt == DenseType::BF16 ? launch_stream<uint16_t>(a, p, s) : launch_stream<float>(a, p, s);
+  if (a.wt == DenseType::BF16) return launch_stream<uint16_t>(a, p, s);
+  if (a.wt == DenseType::F16) return launch_stream<__half>(a, p, s);
+  return launch_stream<float>(a, p, s);
 }
 
 int set_dense_stream_mode(int mode) { return static_cast<int>(g_mode.set(mode)); }

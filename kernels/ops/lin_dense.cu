@@ -49,17 +49,14 @@ __device__ __forceinline__ float wval(const W* w, int64_t k);
 template <>
 __device__ __forceinline__ float wval<uint16_t>(const uint16_t* w, int64_t k) { return dev::bf16_bits_to_f32(w[k]); }
 template <>
+__device__ __forceinline__ float wval<__half>(const __half* w, int64_t k) { return __half2float(w[k]); }
+template <>
 __device__ __forceinline__ float wval<float>(const float* w, int64_t k) { return w[k]; }
 
-// Eight weights starting at w + k as floats (16-byte loads for bf16, two for fp32; k % 8 == 0).
-__device__ __forceinline__ void load8(const uint16_t* w, int64_t k, float (&o)[8]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(w + k);
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    o[2 * i] = __uint_as_float(u[i] << 16);
-    o[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-  }
+// Eight weights starting at w + k as floats (16-byte loads for bf16 / fp16, two for fp32; k % 8 == 0).
+template <class W>
+__device__ __forceinline__ void load8(const W* w, int64_t k, float (&o)[8]) {
+  dev::widen8(*reinterpret_cast<const uint4*>(w + k), o, w);
 }
 __device__ __forceinline__ void load8(const float* w, int64_t k, float (&o)[8]) {
   const float4 a = *reinterpret_cast<const float4*>(w + k);
@@ -136,15 +133,10 @@ using dev::cp_async16;
 using dev::cp_async_commit;
 using dev::cp_async_wait;
 
-// Eight weights at p as floats (one 16-byte read of bf16, two of fp32).
-__device__ __forceinline__ void smem8(const uint16_t* p, float (&o)[8]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(p);
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    o[2 * i] = __uint_as_float(u[i] << 16);
-    o[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-  }
+// Eight weights at p as floats (one 16-byte read of bf16 / fp16, two of fp32).
+template <class W>
+__device__ __forceinline__ void smem8(const W* p, float (&o)[8]) {
+  dev::widen8(*reinterpret_cast<const uint4*>(p), o, p);
 }
 __device__ __forceinline__ void smem8(const float* p, float (&o)[8]) {
   const float4 a = *reinterpret_cast<const float4*>(p);
@@ -364,7 +356,9 @@ cudaError_t launch_dense(const DenseArgs& a, cudaStream_t st) {
 namespace raw {
 cudaError_t lin_dense(const DenseArgs& a, cudaStream_t s) {
   if (a.m == 0) return cudaSuccess;
-  return a.wt == DenseType::BF16 ? launch_dense<uint16_t>(a, s) : launch_dense<float>(a, s);
+  if (a.wt == DenseType::BF16) return launch_dense<uint16_t>(a, s);
+  if (a.wt == DenseType::F16) return launch_dense<__half>(a, s);
+  return launch_dense<float>(a, s);
 }
 }  // namespace raw
 

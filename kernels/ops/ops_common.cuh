@@ -7,6 +7,7 @@
 // double precision and are rounded once to fp32: that reproduces the correctly rounded libm values
 // the CPU reference gets, instead of the few-ulp CUDA fast forms.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -25,6 +26,26 @@ __device__ __forceinline__ float bf16_round(float f) {
 }
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) { return static_cast<uint16_t>(__float_as_uint(bf16_round(f)) >> 16); }
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+
+// The eight 16-bit weights of a 16-byte piece widened to fp32 in K order (low half first), exactly:
+// bf16 storage (uint16_t) or fp16 storage (__half).
+__device__ __forceinline__ void widen8(const uint4 v, float (&o)[8], const uint16_t*) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    o[2 * i] = __uint_as_float(u[i] << 16);
+    o[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void widen8(const uint4 v, float (&o)[8], const __half*) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+    o[2 * i] = f.x;
+    o[2 * i + 1] = f.y;
+  }
+}
 
 __device__ __forceinline__ float exp_ref(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
 __device__ __forceinline__ float log1p_ref(float x) { return static_cast<float>(log1p(static_cast<double>(x))); }

@@ -122,12 +122,13 @@ struct Lin4GroupArgs {
   Lin4Args lin[kLinGroupMax];
   int count = 0;
 };
-// Dense linear over bf16 (LinBF16) or fp32 (LinF32) weights, in `groups` independent groups:
-// group g uses weight rows [g*out, (g+1)*out), input columns [g*in, ..) and output columns
-// [g*out, ..) (the grouped low-rank output); groups = 1 is a plain linear.
-enum class DenseType : int { BF16 = 0, F32 = 1 };
+// Dense linear over bf16 (LinBF16), fp16 (an EXL3 checkpoint's unquantized linears) or fp32
+// (LinF32) weights, in `groups` independent groups: group g uses weight rows [g*out, (g+1)*out),
+// input columns [g*in, ..) and output columns [g*out, ..) (the grouped low-rank output); groups = 1
+// is a plain linear. The weights are widened to fp32 exactly, so the type changes bytes, not sums.
+enum class DenseType : int { BF16 = 0, F32 = 1, F16 = 2 };
 struct DenseArgs {
-  const void* w = nullptr;  // [groups*out][in] bf16 bits or fp32
+  const void* w = nullptr;  // [groups*out][in] bf16 bits, fp16 bits or fp32
   DenseType wt = DenseType::BF16;
   int64_t in = 0, out = 0, groups = 1;
   const float* x = nullptr;  // [m][x_stride]

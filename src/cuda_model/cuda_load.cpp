@@ -30,23 +30,31 @@ namespace {
 // Load-time conversions run over the thread pool (element-wise: the split cannot change a value).
 constexpr int64_t kConvertChunk = int64_t{1} << 16;
 
-bool bf16_exact(const std::vector<float>& v) {
+// True when every value survives the round trip through a 16-bit format (NaNs stay NaNs).
+template <class Round>
+bool exact_in(const std::vector<float>& v, Round round) {
   std::atomic<bool> exact{true};
   parallel_for(static_cast<int64_t>(v.size()), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e && exact.load(std::memory_order_relaxed); ++i) {
       const float f = v[static_cast<size_t>(i)];
-      if (!std::isnan(f) && bf16_round(f) != f) exact.store(false, std::memory_order_relaxed);
+      if (!std::isnan(f) && round(f) != f) exact.store(false, std::memory_order_relaxed);
     }
   }, kConvertChunk);
   return exact.load();
 }
+bool bf16_exact(const std::vector<float>& v) { return exact_in(v, [](float f) { return bf16_round(f); }); }
+bool f16_exact(const std::vector<float>& v) { return exact_in(v, [](float f) { return f16_round(f); }); }
 
-std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
+template <class Bits>
+std::vector<uint16_t> to_bits(const std::vector<float>& v, Bits bits) {
   std::vector<uint16_t> b(v.size());
   parallel_for(static_cast<int64_t>(v.size()), [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) b[static_cast<size_t>(i)] = f32_to_bf16_bits(v[static_cast<size_t>(i)]);
+    for (int64_t i = lo; i < hi; ++i) b[static_cast<size_t>(i)] = bits(v[static_cast<size_t>(i)]);
   }, kConvertChunk);
   return b;
+}
+std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
+  return to_bits(v, [](float f) { return f32_to_bf16_bits(f); });
 }
 
 // Weight uploads of load(): through the pinned staging when it is set, else synchronous.
@@ -73,11 +81,18 @@ Impl::~Impl() {
 
 // Dense values are uploaded as BF16 when every value is a bf16 value (the kernels compute in fp32
 // either way, so the results are identical), else as F32.
+// The narrowest exact storage of a dense weight for gpu::lin_dense: bf16 (the released format's
+// dense linears), fp16 (an EXL3 checkpoint's unquantized linears: Engram wkv, weights_proj), else
+// fp32; the kernels widen each to fp32 exactly, so only the bytes differ.
 static DeviceBuffer upload_dense(StagedUploader* staging, const std::vector<float>& v, DenseType& type,
                                  bool force_f32 = false) {
   if (!force_f32 && bf16_exact(v)) {
     type = DenseType::BF16;
     return upload_vector(staging, to_bf16_bits(v));
+  }
+  if (!force_f32 && f16_exact(v)) {
+    type = DenseType::F16;
+    return upload_vector(staging, to_bits(v, [](float f) { return f32_to_f16_bits(f); }));
   }
   type = DenseType::F32;
   return upload_vector(staging, v);

@@ -4,9 +4,11 @@
 // against its bytes floor. Random trellis (any bit pattern is valid), rotated through enough
 // distinct buffers that the 60 MB L2 cannot serve repeated calls.
 //
-// Usage: bench_exl3 [--quick] [--sweep]
+// Usage: bench_exl3 [--quick] [--sweep] [--moe]
 //   --quick  K = 3 only
-//   --sweep  also time every forced blocks-per-column-group count for m = 1 and 4 (tuning aid)
+//   --sweep  also time every forced blocks-per-column-group count for m = 1 and 4, and forced k-splits
+//            of the MoE layer's kernels (tuning aid)
+//   --moe    the MoE layer only (K = 3)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -184,13 +186,14 @@ const char* path_name(GemmPath p, int m, int cb) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  bool quick = false, sweep = false, profile = false;
+  bool quick = false, sweep = false, profile = false, moe_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--sweep")) sweep = true;
     else if (!std::strcmp(argv[i], "--profile")) profile = true;
+    else if (!std::strcmp(argv[i], "--moe")) moe_only = true;
     else {
-      std::fprintf(stderr, "usage: bench_exl3 [--quick] [--sweep] [--profile]\n");
+      std::fprintf(stderr, "usage: bench_exl3 [--quick] [--sweep] [--profile] [--moe]\n");
       return 2;
     }
   }
@@ -256,8 +259,9 @@ int main(int argc, char** argv) try {
   const Shape shapes[] = {{"5120->2304", 5120, 2304},   {"2304->5120", 2304, 5120}, {"5120->1280", 5120, 1280},
                           {"1280->32768", 1280, 32768}, {"8192->5120", 8192, 5120}, {"5120->512", 5120, 512},
                           {"head 5120->129280", 5120, 129280}};
-  std::vector<int> Ks = quick ? std::vector<int>{3} : std::vector<int>{2, 3, 4};
+  std::vector<int> Ks = quick || moe_only ? std::vector<int>{3} : std::vector<int>{2, 3, 4};
   // "grid": persistent blocks of the small paths; "splits": k-splits of the large path.
+  if (!moe_only) {
   std::printf("\n%-18s %2s %4s %-5s %6s %10s %9s %7s %9s\n", "shape", "K", "m", "path", "grid|splits", "us/call",
               "GB/s", "%copy", "m/m1 time");
   for (const Shape& sh : shapes) {
@@ -299,6 +303,8 @@ int main(int argc, char** argv) try {
         std::fflush(stdout);
       }
     }
+  }
+
   }
 
   // ---- a whole MoE decode layer: 6 routed experts + shared, 5120 -> 2304 -> 5120 ----
@@ -369,7 +375,13 @@ int main(int argc, char** argv) try {
       p.y_cols = p.y_stride = hidden;
       p.topk_ids = d_ids;
       p.topk_weights = d_w;
-      const size_t wsb = dsv41::ops::exl3_moe_workspace_bytes(p);
+      size_t wsb = dsv41::ops::exl3_moe_workspace_bytes(p);
+      if (sweep) {  // room for the sweep's largest split counts
+        dsv41::ops::MoeParams big = p;
+        big.splits_gate_up = 20;
+        big.splits_down = 18;
+        wsb = std::max(wsb, dsv41::ops::exl3_moe_workspace_bytes(big));
+      }
       void* ws;
       ck(cudaMalloc(&ws, wsb), "moe workspace");
       dsv41::ops::exl3_workspace_init(ws, wsb, s);
@@ -398,6 +410,29 @@ int main(int argc, char** argv) try {
       const double floor_us = bytes / (b.copy_gbs * 1e9) * 1e6;
       std::printf("%2d %2d %10.2f %12.2f %10.2f %8.0f\n", K, m, us, floor_us, us / floor_us, bytes / (us * 1e-6) / 1e9);
       std::fflush(stdout);
+      if (sweep && m <= 4) {
+        // Forced k-splits of the gate/up and down kernels, and the exact fp16 path (int8 off).
+        std::printf("   sweep m=%d: gate/up splits x down splits [int8]: us\n  ", m);
+        for (int i8 : {-1, 0})
+          for (int sg : {5, 6, 8, 10, 20})
+            for (int sd : {3, 4, 6, 9, 18}) {
+              p.splits_gate_up = sg;
+              p.splits_down = sd;
+              p.int8 = i8;
+              const size_t need_ws = dsv41::ops::exl3_moe_workspace_bytes(p);
+              if (need_ws > p.workspace_bytes) continue;
+              const double t = time_graph(s, calls, [&](int c) {
+                p.topk_ids = d_ids + static_cast<size_t>(c) * m * topk;
+                p.topk_weights = d_w + static_cast<size_t>(c) * m * topk;
+                dsv41::ops::exl3_moe(p, s);
+              });
+              std::printf(" %d/%d%s:%.1f", sg, sd, i8 == 0 ? "f" : "", t);
+            }
+        std::printf("\n");
+        p.splits_gate_up = p.splits_down = 0;
+        p.int8 = -1;
+        std::fflush(stdout);
+      }
       cudaFree(ws);
       cudaFree(d_ids);
       cudaFree(d_w);

@@ -2,7 +2,7 @@
 // CPU reference engine's own LinBF16 / LinF32 (dot.h order, then bf16 rounding if asked) bit for
 // bit, for each CTA tile, with ragged row counts (partial row tiles), output counts that are no
 // multiple of the tile, a partial last 256-wide K block, grouped calls (wo_a's form) with strided
-// inputs and outputs, bf16 and fp32 weights, and fp32 activations (inexact products, so the fusing
+// inputs and outputs, bf16, fp16 and fp32 weights, and fp32 activations (inexact products, so the fusing
 // of every step matters). The real prefill shapes (wo_a, the compressor's fp32 wkv) are checked
 // against the older dense kernel on every output and against the CPU on a subset of rows.
 #include <gtest/gtest.h>
@@ -33,7 +33,7 @@ struct DenseCase {
 };
 
 std::string name_of(const DenseCase& c) {
-  return std::string(c.wt == gpu::DenseType::BF16 ? "linbf16 " : "linf32 ") + std::to_string(c.groups) + "x" +
+  return std::string(dense_type_name(c.wt)) + " " + std::to_string(c.groups) + "x" +
          std::to_string(c.out) + "x" + std::to_string(c.in) + " m=" + std::to_string(c.m) +
          (c.round ? " round" : "");
 }
@@ -44,14 +44,13 @@ struct DenseInputs {
   DeviceBuffer dw, dx;
 };
 DenseInputs make_inputs(const DenseCase& c) {
-  const bool bf = c.wt == gpu::DenseType::BF16;
   Rng rng(static_cast<uint64_t>(c.in * 131 + c.out * 7 + c.groups * 3 + c.m));
   const float sd = 1.0f / std::sqrt(static_cast<float>(c.in));
   DenseInputs d;
-  const size_t nw = static_cast<size_t>(c.groups * c.out * c.in);
-  d.w = bf ? rng.bf16_vec(nw, sd) : rng.f32_vec(nw, sd);
+  DenseWeights w = dense_weights(rng, c.wt, static_cast<size_t>(c.groups * c.out * c.in), sd);
+  d.w = std::move(w.values);
   d.x = rng.f32_vec(static_cast<size_t>(c.m * (c.groups * c.in + c.x_pad)));
-  d.dw = bf ? DeviceBuffer::from(to_bf16_bits(d.w)) : DeviceBuffer::from(d.w);
+  d.dw = std::move(w.device);
   d.dx = DeviceBuffer::from(d.x);
   return d;
 }
@@ -113,6 +112,8 @@ TEST(GpuOps, DenseGemmMatchesCpu) {
       {gpu::DenseType::BF16, 1024, 72, 1, 0, true},
       // grouped fp32 weights, K shorter than one block
       {gpu::DenseType::F32, 96, 130, 2, 0, true, 4, 1},
+      // fp16 weights (an EXL3 checkpoint's Engram wkv), a partial last block, rounded
+      {gpu::DenseType::F16, 608, 192, 1, 0, true},
   };
   for (DenseCase c : shapes)
     for (int64_t m : {33, 256, 1024, 1100}) {

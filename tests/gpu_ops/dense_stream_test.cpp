@@ -1,6 +1,7 @@
 // The weight-streaming dense kernel (kernels/ops/dense_stream.cu): bit for bit with the CPU
 // reference engine's dense Linear (dot.h order) at the real decode shapes (the compressor's fp32 and
-// bf16 wkv, the index keys, weights_proj, the grouped wo_a, a head-like many-row call) for m = 1..4
+// bf16 wkv, the index keys, weights_proj in bf16 and fp16, the grouped wo_a, a head-like many-row
+// call) for m = 1..4
 // and 7, whichever plan runs it (rows per tile, stages in flight, CTAs per SM: every plan must give
 // the same bits), with partial last 256-blocks, strided activations, output stride gaps and groups;
 // and the calls it declines. The real decode calls exactly as their call sites make them (packed
@@ -53,14 +54,13 @@ struct DenseProblem {
                int64_t y_pad = 3)
       : wt(t), in(in_), out(out_), groups(groups_), m(m_), x_stride(groups_ * in_ + x_pad), y_stride(groups_ * out_ + y_pad),
         round(round_) {
-    const bool bf = wt == gpu::DenseType::BF16;
-    what = std::string(bf ? "linbf16 " : "linf32 ") + std::to_string(groups) + "x" + std::to_string(out) + "x" +
+    what = std::string(dense_type_name(wt)) + " " + std::to_string(groups) + "x" + std::to_string(out) + "x" +
            std::to_string(in) + " m=" + std::to_string(m) + (x_pad ? " strided" : "") + (round ? " rounded" : "");
     Rng rng(static_cast<uint64_t>(in * 13 + out * 5 + groups * 3 + m));
     const float sd = 1.0f / std::sqrt(static_cast<float>(in));
-    // fp32 weights of full precision (the compressor's), bf16 ones rounded
-    const std::vector<float> wv = bf ? rng.bf16_vec(static_cast<size_t>(groups * out * in), sd)
-                                     : rng.f32_vec(static_cast<size_t>(groups * out * in), sd);
+    // fp32 weights of full precision (the compressor's), bf16 / fp16 ones rounded
+    DenseWeights dwv = dense_weights(rng, wt, static_cast<size_t>(groups * out * in), sd);
+    const std::vector<float>& wv = dwv.values;
     // fp32 activations (the compressor's input is the fp32 normed hidden state)
     const std::vector<float> x = rng.f32_vec(static_cast<size_t>(m * x_stride));
     want.resize(static_cast<size_t>(m * groups * out));
@@ -72,7 +72,7 @@ struct DenseProblem {
       else lin->forward(xg.data(), m, yg.data());
       for (int64_t r = 0; r < m; ++r) std::copy_n(&yg[r * out], out, &want[r * groups * out + g * out]);
     }
-    dw = bf ? DeviceBuffer::from(to_bf16_bits(wv)) : DeviceBuffer::from(wv);
+    dw = std::move(dwv.device);
     dx = DeviceBuffer::from(x);
   }
 
@@ -120,7 +120,7 @@ TEST(DenseStream, DecodeShapesMatchCpu) {
     const bool real = s.name == "real";
     const int64_t in_g = c.num_attention_heads * c.head_dim / c.o_groups;
     for (int64_t m : {1, 2, 3, 4, 7}) {
-      const std::vector<std::optional<bool>> expect = {std::nullopt, std::nullopt, true, true,
+      const std::vector<std::optional<bool>> expect = {std::nullopt, std::nullopt, true, true, true,
                                                        real ? std::optional<bool>(false) : std::nullopt};
       const std::vector<std::shared_ptr<DenseProblem>> ps = {
           // compressor wkv / wgate (ratio > 1: fp32 weights, fp32 outputs)
@@ -131,6 +131,8 @@ TEST(DenseStream, DecodeShapesMatchCpu) {
           std::make_shared<DenseProblem>(gpu::DenseType::BF16, c.head_dim, c.index_head_dim, 1, m, 0, true),
           // indexer weights_proj
           std::make_shared<DenseProblem>(gpu::DenseType::BF16, c.hidden_size, c.index_n_heads, 1, m, 0, true),
+          // the same in an EXL3 checkpoint (fp16, unquantized there)
+          std::make_shared<DenseProblem>(gpu::DenseType::F16, c.hidden_size, c.index_n_heads, 1, m, 0, true),
           // grouped wo_a
           std::make_shared<DenseProblem>(gpu::DenseType::BF16, in_g, c.o_lora_rank, c.o_groups, m, 0, true),
       };

@@ -192,6 +192,35 @@ inline std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
   for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16_bits(v[i]);
   return o;
 }
+
+// Random dense weights in a DenseType's values (bf16 or fp16 ones rounded from fp32, fp32 of full
+// precision) and their device copy in that type.
+struct DenseWeights {
+  std::vector<float> values;
+  DeviceBuffer device;
+};
+inline DenseWeights dense_weights(Rng& rng, ops::gpu::DenseType t, size_t n, float sd) {
+  DenseWeights w;
+  if (t == ops::gpu::DenseType::BF16) {
+    w.values = rng.bf16_vec(n, sd);
+    w.device = DeviceBuffer::from(to_bf16_bits(w.values));
+  } else if (t == ops::gpu::DenseType::F16) {
+    w.values = rng.f32_vec(n, sd);
+    std::vector<uint16_t> bits(n);
+    for (size_t i = 0; i < n; ++i) {
+      bits[i] = f32_to_f16_bits(w.values[i]);
+      w.values[i] = f16_bits_to_f32(bits[i]);
+    }
+    w.device = DeviceBuffer::from(bits);
+  } else {
+    w.values = rng.f32_vec(n, sd);
+    w.device = DeviceBuffer::from(w.values);
+  }
+  return w;
+}
+inline const char* dense_type_name(ops::gpu::DenseType t) {
+  return t == ops::gpu::DenseType::BF16 ? "linbf16" : t == ops::gpu::DenseType::F16 ? "linf16" : "linf32";
+}
 inline std::vector<float> from_bf16_bits(const std::vector<uint16_t>& v) {
   std::vector<float> o(v.size());
   for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_bits_to_f32(v[i]);

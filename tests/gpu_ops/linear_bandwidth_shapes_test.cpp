@@ -164,15 +164,14 @@ TEST(GpuLinearBandwidth, Lin4SharedExperts) {
 }
 
 void dense_case(gpu::DenseType wt, int64_t in, int64_t out, int64_t groups, int64_t m, int64_t x_pad, bool round) {
-  const bool bf = wt == gpu::DenseType::BF16;
-  const std::string what = std::string(bf ? "linbf16 " : "linf32 ") + std::to_string(groups) + "x" +
+  const std::string what = std::string(dense_type_name(wt)) + " " + std::to_string(groups) + "x" +
                            std::to_string(out) + "x" + std::to_string(in) + " m=" + std::to_string(m) +
                            (x_pad ? " strided" : "");
   SCOPED_TRACE(what);
   Rng rng(static_cast<uint64_t>(in * 11 + out * 3 + groups + m));
   const float sd = 1.0f / std::sqrt(static_cast<float>(in));
-  const std::vector<float> wv = bf ? rng.bf16_vec(static_cast<size_t>(groups * out * in), sd)
-                                   : rng.f32_vec(static_cast<size_t>(groups * out * in), sd);
+  DenseWeights dwv = dense_weights(rng, wt, static_cast<size_t>(groups * out * in), sd);
+  const std::vector<float>& wv = dwv.values;
   const int64_t x_stride = groups * in + x_pad;
   std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * x_stride));
   std::vector<float> want(static_cast<size_t>(m * groups * out));
@@ -184,7 +183,7 @@ void dense_case(gpu::DenseType wt, int64_t in, int64_t out, int64_t groups, int6
     else lin->forward(xg.data(), m, yg.data());
     for (int64_t r = 0; r < m; ++r) std::copy_n(&yg[r * out], out, &want[r * groups * out + g * out]);
   }
-  DeviceBuffer dw = bf ? DeviceBuffer::from(to_bf16_bits(wv)) : DeviceBuffer::from(wv);
+  DeviceBuffer dw = std::move(dwv.device);
   DeviceBuffer dx = DeviceBuffer::from(x);
   const int64_t y_stride = groups * out + 2;
   Guarded dy(static_cast<size_t>(m * y_stride) * 4);
@@ -225,7 +224,11 @@ TEST(GpuLinearBandwidth, DenseTiledSplits) {
     dense_case(DenseType::BF16, 5120, 40, 1, m, 0, true);     // few rows
     dense_case(DenseType::BF16, 1032, 300, 1, m, 4, true);    // partial last 256-block, strided x
     dense_case(DenseType::F32, 520, 96, 2, m, 0, false);      // fp32 weights, groups, 32-column pieces
+    dense_case(DenseType::F16, 1032, 300, 1, m, 4, true);     // fp16 weights (EXL3's unquantized linears)
   }
+  dense_case(DenseType::F16, 5120, 1100, 1, 2, 0, true);      // fp16, K split
+  dense_case(DenseType::F16, 5120, 40, 1, 5, 0, true);        // fp16, few rows (warp kernel, vector loads)
+  dense_case(DenseType::F16, 263, 40, 1, 3, 1, false);        // fp16, unaligned rows (warp kernel, scalar)
   dense_case(DenseType::BF16, 2048, 4100, 1, 1, 0, false);    // many CTAs: no split, off-tile rows
   dense_case(DenseType::BF16, 512, 1024, 4, 2, 0, true);      // grouped (wo_a form)
   dense_case(DenseType::BF16, 264, 16, 1, 3, 0, true);        // one full block and an 8-wide one
@@ -245,6 +248,7 @@ TEST(GpuLinearBandwidth, DenseFewRowsDecodeShapes) {
       dense_case(DenseType::BF16, 512, 128, 1, m, 0, true);    // index keys
       dense_case(DenseType::BF16, 5120, 32, 1, m, 0, true);    // weights_proj
       dense_case(DenseType::BF16, 2056, 1001, 1, m, 8, false); // partial last tile and block
+      dense_case(DenseType::F16, 6144, 640, 1, m, 0, true);    // Engram wkv's K in fp16 (EXL3)
     }
     dense_case(DenseType::F32, 5120, 1024, 1, 1, 0, true);     // rounded outputs
     dense_case(DenseType::BF16, 1024, 96, 8, 2, 0, true);      // groups

@@ -79,8 +79,6 @@ Impl::~Impl() {
   if (stream) cudaStreamDestroy(stream);
 }
 
-// Dense values are uploaded as BF16 when every value is a bf16 value (the kernels compute in fp32
-// either way, so the results are identical), else as F32.
 // The narrowest exact storage of a dense weight for gpu::lin_dense: bf16 (the released format's
 // dense linears), fp16 (an EXL3 checkpoint's unquantized linears: Engram wkv, weights_proj), else
 // fp32; the kernels widen each to fp32 exactly, so only the bytes differ.

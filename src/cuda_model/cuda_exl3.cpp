@@ -201,8 +201,8 @@ void Impl::alloc_exl3_workspaces() {
 }
 
 // y = x·W on the EXL3 GEMM: fp32 activations in, fp32 sums out (padded inputs read as zeros, padded
-// outputs trimmed by the kernel), rounded to bf16 values in the kernel's epilogue where asked. Rows beyond one
-// call's reach (ops::exl3_gemm_max_rows: ~1,024 for the head) go in several calls.
+// outputs trimmed by the kernel), rounded to bf16 values in the kernel's epilogue where asked. Rows
+// beyond one call's reach (ops::exl3_gemm_max_rows: ~1,024 for the head) go in several calls.
 void Impl::linear_exl3(const GpuLinear& l, const float* x, int64_t x_stride, int64_t m, float* y, int64_t y_stride,
                        bool round) {
   ops::GemmParams p;
@@ -240,8 +240,10 @@ void Impl::plan_wo_a_batch(GpuBlock& b) {
   if (ws.size() < 2) return;
   b.wo_a_batch = DeviceBuffer::from(ws);
   const auto batch = static_cast<int>(ws.size());
-  for (int64_t m = 1; m <= std::min<int64_t>(8, std::max<int64_t>(1, opts.max_chunk_tokens)); ++m)
-    exl3_ws_bytes = std::max(exl3_ws_bytes, ops::exl3_gemm_plan(ws.front(), m, ops::GemmPath::Auto, 0, batch).workspace);
+  for (int64_t m = 1; m <= std::min<int64_t>(8, std::max<int64_t>(1, opts.max_chunk_tokens)); ++m) {
+    const ops::GemmPlan plan = ops::exl3_gemm_plan(ws.front(), m, ops::GemmPath::Auto, 0, batch);
+    exl3_ws_bytes = std::max(exl3_ws_bytes, plan.workspace);
+  }
 }
 
 bool Impl::wo_a_batched(const GpuBlock& b, const float* x, int64_t x_stride, int64_t x_step, int64_t m, float* y,
@@ -413,8 +415,10 @@ void Impl::moe_exl3_by_expert(const GpuBlock& b, int64_t n) {
           const ops::Exl3Matrix& m = (down ? x.w2 : set == 0 ? x.w1 : x.w3)[e].exl3;
           const auto rows = static_cast<int32_t>(std::min<int64_t>(exl3::cuda::kLargeRows, cnt - r));
           const int rc = ops::grouped_row_class(rows);
-          auto l = std::find_if(launches.begin() + static_cast<std::ptrdiff_t>(first), launches.end(),
-                                [&](const Launch& q) { return q.bits == m.bits && q.codebook == m.codebook && q.row_class == rc; });
+          auto same = [&](const Launch& q) {
+            return q.bits == m.bits && q.codebook == m.codebook && q.row_class == rc;
+          };
+          auto l = std::find_if(launches.begin() + static_cast<std::ptrdiff_t>(first), launches.end(), same);
           if (l == launches.end()) l = launches.insert(launches.end(), Launch{down, m.bits, m.codebook, rc, {}});
           l->tiles.push_back({set, static_cast<int32_t>(e), static_cast<int32_t>(r0 + r), rows});
         }

@@ -196,7 +196,8 @@ void run_batch_case(int64_t k, int64_t n, int K, int cb, int64_t m, int batch, G
   for (float& v : x) v = nd(rng);
   std::vector<uint8_t> xraw;
   x = round_acts(x, xt, xraw);
-  DeviceBuffer d_x = DeviceBuffer::from(xraw), d_w = DeviceBuffer::from(dev), d_y(static_cast<size_t>(m * y_stride) * 4);
+  DeviceBuffer d_x = DeviceBuffer::from(xraw), d_w = DeviceBuffer::from(dev);
+  DeviceBuffer d_y(static_cast<size_t>(m * y_stride) * 4);
   ops::GemmParams p;
   p.w = dev.front();
   p.batch = batch;

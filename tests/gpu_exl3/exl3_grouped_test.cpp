@@ -67,7 +67,8 @@ void run_grouped(const GroupedCase& c, uint64_t seed) {
   x = round_acts(x, c.xt, xraw);
   std::vector<int32_t> src(static_cast<size_t>(total)), matrix_of, out(static_cast<size_t>(out_rows));
   for (int32_t& s : src) s = static_cast<int32_t>(rng() % src_rows);
-  for (size_t e = 0; e < nm; ++e) matrix_of.insert(matrix_of.end(), static_cast<size_t>(c.rows[e]), static_cast<int32_t>(e));
+  for (size_t e = 0; e < nm; ++e)
+    matrix_of.insert(matrix_of.end(), static_cast<size_t>(c.rows[e]), static_cast<int32_t>(e));
   std::iota(out.begin(), out.end(), 0);
   std::shuffle(out.begin(), out.end(), rng);
   out.resize(static_cast<size_t>(total));  // each sorted row to a distinct output row; 9 rows nobody writes

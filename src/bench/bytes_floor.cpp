@@ -32,10 +32,11 @@ bool skipped_in_layer(std::string_view rest) {
          rest.find("bias_vl") != std::string_view::npos;  // router bias of image tokens
 }
 
-// Parts docs/TENSOR_PARALLEL.md splits across ranks (the rest of a layer is replicated).
+// Parts the CUDA path splits across ranks (docs/TENSOR_PARALLEL.md, "CUDA path"; the routed experts
+// are counted apart; the rest of a layer, Engram included, is replicated).
 bool split_across_ranks(std::string_view rest) {
   return starts_with(rest, "attn.wq_b.") || starts_with(rest, "attn.wo_a.") || starts_with(rest, "attn.wo_b.") ||
-         starts_with(rest, "ffn.shared_experts.") || starts_with(rest, "engram.wkv.");
+         starts_with(rest, "ffn.shared_experts.");
 }
 
 }  // namespace
@@ -159,13 +160,37 @@ TpProjection project_tp2(const ModelConfig& c, const TensorSizes& tensors, const
   // heads read all of it), the Engram rows and embedding rows. Halved: split parts, experts, head.
   p.node_bytes = (s.dense - split) + split / 2 + s.experts / 2 + s.state + s.engram_rows + s.head / 2 + s.embed_norm;
   p.memory_s = p.node_bytes / link.node_bandwidth;
-  // All-reduce plan: after wo_b and after the MoE of every layer, bf16 rows of hidden_size.
-  p.allreduces = 2 * static_cast<int64_t>(w.layers.size());
-  p.allreduce_bytes = static_cast<double>(batch * c.hidden_size * 2);
-  // Two ranks: each sends and receives half the payload twice (reduce-scatter, all-gather).
-  const double per = link.latency_s + p.allreduce_bytes / link.link_bandwidth;
-  p.allreduce_s = static_cast<double>(p.allreduces) * per;
+  // The CUDA path's exchange (cuda_tp.cpp): all-reduces of zero-filled fp32 buffers. Per layer the
+  // attention's z (n·o_groups·o_lora_rank) and wo_b rows (n·hidden), the shared expert's gate/up
+  // (2·n·moe_inter), then the MoE rows: FP8/FP4 the routed pairs with the shared rows
+  // (n·(top_k + 1)·hidden), EXL3's grouped decode kernels each token's partial sum with the shared
+  // rows (2·n·hidden). After the layers, the logits (n·vocab).
+  const double n = static_cast<double>(batch), f32 = 4.0;
+  const double moe_rows = checkpoint_format(c) == CheckpointFormat::kExl3
+                              ? 2.0 * static_cast<double>(c.hidden_size)
+                              : static_cast<double>((c.num_experts_per_tok + 1) * c.hidden_size);
+  const double per_layer = n * f32 *
+                           (static_cast<double>(c.o_groups * c.o_lora_rank + c.hidden_size) +
+                            2.0 * static_cast<double>(c.moe_intermediate_size) + moe_rows);
+  p.layer_allreduces = 4 * static_cast<int64_t>(w.layers.size());
+  p.layer_allreduce_bytes = per_layer * static_cast<double>(w.layers.size());
+  p.head_allreduce_bytes = n * f32 * static_cast<double>(c.vocab_size);
+  p.totals(link);
   return p;
+}
+
+void TpProjection::totals(const TpLink& link) {
+  allreduces = layer_allreduces + 1;
+  const double bytes = layer_allreduce_bytes + head_allreduce_bytes;
+  allreduce_bytes = bytes / static_cast<double>(allreduces);
+  // Two ranks: each sends and receives half the payload twice (reduce-scatter, all-gather).
+  allreduce_s = static_cast<double>(allreduces) * link.latency_s + bytes / link.link_bandwidth;
+}
+
+void TpProjection::scale_layers(double f, const TpLink& link) {
+  layer_allreduces = static_cast<int64_t>(static_cast<double>(layer_allreduces) * f + 0.5);
+  layer_allreduce_bytes *= f;
+  totals(link);
 }
 
 }  // namespace dsv41::bench

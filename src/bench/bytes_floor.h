@@ -79,17 +79,24 @@ struct StepBytes {
 StepBytes decode_step_bytes(const ModelConfig& cfg, const ModelWeights& w, int64_t batch, int64_t context,
                             int64_t value_bytes = 2);
 
-// Two-way tensor parallelism projection (docs/TENSOR_PARALLEL.md's split, with the all-reduce plan
-// the CUDA path may use): per node, the split parts (wq_b, wo_a, wo_b, shared expert, Engram wkv,
-// head rows, half of the distinct experts) are halved, the replicated parts (wq_a, wkv,
-// compressors, indexers, norms, mHC, router, the KV state) are read in full.
+struct TpLink;
+// Two-way tensor parallelism projection of the CUDA path (docs/TENSOR_PARALLEL.md, "CUDA path"): per
+// node, the split parts (wq_b, wo_a, wo_b, shared expert, head rows, half of the distinct experts)
+// are halved, the replicated parts (wq_a, wkv, compressors, indexers, Engram, norms, mHC, router,
+// the KV state) are read in full; its all-reduce plan is the CUDA path's (4 a layer and the logits,
+// fp32 rows: project_tp2).
 struct TpProjection {
   double node_bytes = 0;        // bytes one node reads per step
   double memory_s = 0;          // node_bytes / node bandwidth
-  double allreduce_s = 0;       // collectives per step
+  double allreduce_s = 0;       // collectives per step: latency each + all their bytes over the link
   int64_t allreduces = 0;       // collectives per step
-  double allreduce_bytes = 0;   // payload of one all-reduce
+  double allreduce_bytes = 0;   // their mean payload
+  int64_t layer_allreduces = 0;       // of them, the layers' (the rest: the logits)
+  double layer_allreduce_bytes = 0;   // the layers' payload per step
+  double head_allreduce_bytes = 0;    // the logits' payload per step
   double step_s() const { return memory_s + allreduce_s; }
+  void totals(const TpLink& link);                    // allreduces, allreduce_bytes, allreduce_s
+  void scale_layers(double factor, const TpLink& link);  // the layers' collectives x factor
 };
 struct TpLink {
   double node_bandwidth = 232e9;  // bytes/s one node's memory streams

@@ -356,9 +356,7 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
           const double global = row.floor.head / 2 + row.floor.embed_norm;
           tp.node_bytes = (tp.node_bytes - global) * scale + global;
           tp.memory_s = tp.node_bytes / o.common.tp.node_bandwidth;
-          tp.allreduces = static_cast<int64_t>(static_cast<double>(tp.allreduces) * scale + 0.5);
-          tp.allreduce_s = static_cast<double>(tp.allreduces) *
-                           (o.common.tp.latency_s + tp.allreduce_bytes / o.common.tp.link_bandwidth);
+          tp.scale_layers(scale, o.common.tp);
         }
         row.tp2 = tp;
         row.tp2_step_ms = tp.step_s() * 1e3;

@@ -162,10 +162,44 @@ TEST(BytesFloor, TensorParallelProjectionHalvesSplitParts) {
   // Between half and all of the single-node bytes; the state and replicated weights stay whole.
   EXPECT_LT(p.node_bytes, s.total());
   EXPECT_GT(p.node_bytes, s.total() / 2);
-  EXPECT_EQ(p.allreduces, 2 * cfg.num_hidden_layers);
-  EXPECT_DOUBLE_EQ(p.allreduce_bytes, 256.0 * 2);
-  EXPECT_DOUBLE_EQ(p.allreduce_s, 12 * (10e-6 + 512 / 10e9));
   EXPECT_DOUBLE_EQ(p.memory_s, p.node_bytes / 100e9);
+  // The CUDA path's collectives (cuda_tp.cpp): per layer z, wo_b rows, shared gate/up and the MoE
+  // rows (this FP8 fixture: routed pairs + shared rows), fp32; then the logits.
+  const int64_t L = cfg.num_hidden_layers, D = cfg.hidden_size;
+  EXPECT_EQ(p.allreduces, 4 * L + 1);
+  const double layer = 4.0 * static_cast<double>(cfg.o_groups * cfg.o_lora_rank + D + 2 * cfg.moe_intermediate_size +
+                                                 (cfg.num_experts_per_tok + 1) * D);
+  const double all = static_cast<double>(L) * layer + 4.0 * static_cast<double>(cfg.vocab_size);
+  EXPECT_DOUBLE_EQ(p.allreduce_bytes * static_cast<double>(p.allreduces), all);
+  EXPECT_DOUBLE_EQ(p.allreduce_s, static_cast<double>(4 * L + 1) * 10e-6 + all / 10e9);
+  // Scaling the layers (a short model projected to the full count) leaves the logits' share alone.
+  TpProjection twice = p;
+  twice.scale_layers(2.0, link);
+  EXPECT_EQ(twice.allreduces, 8 * L + 1);
+  EXPECT_DOUBLE_EQ(twice.allreduce_bytes * static_cast<double>(twice.allreduces),
+                   2.0 * static_cast<double>(L) * layer + 4.0 * static_cast<double>(cfg.vocab_size));
+}
+
+// Which parts one node reads whole: bytes added to a split part (wq_b) cost a node half of them,
+// bytes added to a replicated one (the Engram wkv, replicated on the CUDA path) all of them.
+TEST(BytesFloor, TensorParallelProjectionKeepsEngramWhole) {
+  const ModelConfig cfg = load_model_config(kTiny + "/config.json");
+  ASSERT_FALSE(cfg.engram_layer_ids.empty());
+  auto ck = Checkpoint::open(kTiny);
+  const TensorSizes sizes = checkpoint_tensor_sizes(*ck);
+  TpLink link;
+  auto node_bytes = [&](const std::string& grown, int64_t extra) {
+    TensorSizes t = sizes;
+    bool found = false;
+    for (auto& [name, bytes] : t)
+      if (name == grown) bytes += extra, found = true;
+    EXPECT_TRUE(found) << grown;
+    return project_tp2(cfg, t, classify_weights(cfg, t), 1, 40, link).node_bytes;
+  };
+  const double base = node_bytes("layers.0.attn.wq_b.weight", 0);
+  const std::string engram = "layers." + std::to_string(cfg.engram_layer_ids.front()) + ".engram.wkv.weight";
+  EXPECT_DOUBLE_EQ(node_bytes("layers.0.attn.wq_b.weight", 1000) - base, 500.0);
+  EXPECT_DOUBLE_EQ(node_bytes(engram, 1000) - base, 1000.0);
 }
 
 }  // namespace

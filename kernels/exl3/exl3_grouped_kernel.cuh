@@ -7,8 +7,9 @@
 
 namespace dsv41::exl3::dev {
 
-// Blocks an SM holds: 3 (24 warps) caps registers at 80, which the 64-row class meets with a 4-byte
-// spill outside the k loop; the decode is issue-bound, and more warps keep the schedulers busier.
+// Blocks an SM holds: 3 (24 warps) caps registers at 80, which the 64-row class meets with 4-12
+// bytes of spill at K = 3, 6 and 8 (ptxas, sm_90a); the decode is issue-bound, and more warps keep
+// the schedulers busier.
 constexpr int kGroupedMinBlocks = 3;
 
 // Tiles of up to 16H rows (the launch's row class).

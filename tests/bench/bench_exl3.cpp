@@ -262,49 +262,48 @@ int main(int argc, char** argv) try {
   std::vector<int> Ks = quick || moe_only ? std::vector<int>{3} : std::vector<int>{2, 3, 4};
   // "grid": persistent blocks of the small paths; "splits": k-splits of the large path.
   if (!moe_only) {
-  std::printf("\n%-18s %2s %4s %-5s %6s %10s %9s %7s %9s\n", "shape", "K", "m", "path", "grid|splits", "us/call",
-              "GB/s", "%copy", "m/m1 time");
-  for (const Shape& sh : shapes) {
-    for (int K : Ks) {
-      double t1 = 0;
-      for (int m : {1, 4, 16, 512}) {
-        int splits = 0;
-        const double us = b.gemm_us(sh.k, sh.n, K, m, GemmPath::Auto, 0, &splits);
-        if (m == 1) t1 = us;
-        const double gbs = static_cast<double>(sh.k) * sh.n * K / 8 / (us * 1e-6) / 1e9;
-        std::printf("%-18s %2d %4d %-5s %6d %10.2f %9.0f %6.1f%% %9.2f\n", sh.name, K, m, path_name(GemmPath::Auto, m, 2),
-                    splits, us, gbs, 100.0 * gbs / b.copy_gbs, us / t1);
-      }
-      // The exact-decode fp16 path at m = 1, for comparison with the int8 path.
-      int splits = 0;
-      const double us = b.gemm_us(sh.k, sh.n, K, 1, GemmPath::F16, 0, &splits);
-      const double gbs = static_cast<double>(sh.k) * sh.n * K / 8 / (us * 1e-6) / 1e9;
-      std::printf("%-18s %2d %4d %-5s %6d %10.2f %9.0f %6.1f%%\n", sh.name, K, 1, "f16", splits, us, gbs,
-                  100.0 * gbs / b.copy_gbs);
-      std::fflush(stdout);
-    }
-  }
-
-  if (sweep) {
-    std::printf("\nblocks-per-group sweep (K=3): shape m best_grid best_us [grid:us ...]\n");
+    std::printf("\n%-18s %2s %4s %-5s %6s %10s %9s %7s %9s\n", "shape", "K", "m", "path", "grid|splits", "us/call",
+                "GB/s", "%copy", "m/m1 time");
     for (const Shape& sh : shapes) {
-      for (int m : {1, 4}) {
-        double best = 1e30;
-        int best_s = 0;
-        std::string line;
-        for (int sp : {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 64}) {
-          if (sp * 8 > sh.k / 16 || sh.k / sp > 1024 + 127) continue;
-          int used = 0;
-          const double us = b.gemm_us(sh.k, sh.n, 3, m, GemmPath::Auto, sp, &used);
-          line += " " + std::to_string(used) + ":" + std::to_string(us).substr(0, 6);
-          if (us < best) best = us, best_s = used;
+      for (int K : Ks) {
+        double t1 = 0;
+        for (int m : {1, 4, 16, 512}) {
+          int splits = 0;
+          const double us = b.gemm_us(sh.k, sh.n, K, m, GemmPath::Auto, 0, &splits);
+          if (m == 1) t1 = us;
+          const double gbs = static_cast<double>(sh.k) * sh.n * K / 8 / (us * 1e-6) / 1e9;
+          std::printf("%-18s %2d %4d %-5s %6d %10.2f %9.0f %6.1f%% %9.2f\n", sh.name, K, m, path_name(GemmPath::Auto, m, 2),
+                      splits, us, gbs, 100.0 * gbs / b.copy_gbs, us / t1);
         }
-        std::printf("%-18s %d %3d %8.2f [%s ]\n", sh.name, m, best_s, best, line.c_str());
+        // The exact-decode fp16 path at m = 1, for comparison with the int8 path.
+        int splits = 0;
+        const double us = b.gemm_us(sh.k, sh.n, K, 1, GemmPath::F16, 0, &splits);
+        const double gbs = static_cast<double>(sh.k) * sh.n * K / 8 / (us * 1e-6) / 1e9;
+        std::printf("%-18s %2d %4d %-5s %6d %10.2f %9.0f %6.1f%%\n", sh.name, K, 1, "f16", splits, us, gbs,
+                    100.0 * gbs / b.copy_gbs);
         std::fflush(stdout);
       }
     }
-  }
 
+    if (sweep) {
+      std::printf("\nblocks-per-group sweep (K=3): shape m best_grid best_us [grid:us ...]\n");
+      for (const Shape& sh : shapes) {
+        for (int m : {1, 4}) {
+          double best = 1e30;
+          int best_s = 0;
+          std::string line;
+          for (int sp : {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 64}) {
+            if (sp * 8 > sh.k / 16 || sh.k / sp > 1024 + 127) continue;
+            int used = 0;
+            const double us = b.gemm_us(sh.k, sh.n, 3, m, GemmPath::Auto, sp, &used);
+            line += " " + std::to_string(used) + ":" + std::to_string(us).substr(0, 6);
+            if (us < best) best = us, best_s = used;
+          }
+          std::printf("%-18s %d %3d %8.2f [%s ]\n", sh.name, m, best_s, best, line.c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
   }
 
   // ---- a whole MoE decode layer: 6 routed experts + shared, 5120 -> 2304 -> 5120 ----

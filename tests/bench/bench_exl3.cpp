@@ -272,8 +272,8 @@ int main(int argc, char** argv) try {
           const double us = b.gemm_us(sh.k, sh.n, K, m, GemmPath::Auto, 0, &splits);
           if (m == 1) t1 = us;
           const double gbs = static_cast<double>(sh.k) * sh.n * K / 8 / (us * 1e-6) / 1e9;
-          std::printf("%-18s %2d %4d %-5s %6d %10.2f %9.0f %6.1f%% %9.2f\n", sh.name, K, m, path_name(GemmPath::Auto, m, 2),
-                      splits, us, gbs, 100.0 * gbs / b.copy_gbs, us / t1);
+          std::printf("%-18s %2d %4d %-5s %6d %10.2f %9.0f %6.1f%% %9.2f\n", sh.name, K, m,
+                      path_name(GemmPath::Auto, m, 2), splits, us, gbs, 100.0 * gbs / b.copy_gbs, us / t1);
         }
         // The exact-decode fp16 path at m = 1, for comparison with the int8 path.
         int splits = 0;

@@ -1,8 +1,4 @@
 // Host launcher of the EXL3 linear kernels (planning and validation: src/ops/exl3_gpu.cpp).
-#include <map>
-#include <mutex>
-#include <utility>
-
 #include "exl3/exl3_gemm.h"
 #include "exl3/exl3_gemm_inst.cuh"
 #include "exl3/exl3_launch.h"
@@ -40,18 +36,8 @@ struct StageBatch {
   }
 };
 
-// Position o (0..15) inside a k-tile -> (lane group tig, fragment register i) of the B operand:
-// register i of lane (g, tig) holds k-offset 2*tig + {0, 8, 1, 9}[i] (int8, m16n8k32 with one
-// weight per 4 k-slots) or halves {2*tig, 2*tig+1} / {2*tig+8, 2*tig+9} (f16, m16n8k16).
-__device__ __forceinline__ void frag_slot(int o, int& tig, int& i) {
-  tig = (o & 7) >> 1;
-  i = (o >= 8 ? 1 : 0) + ((o & 1) ? 2 : 0);
-}
-
-// One warp per (token r < 4, 128-row chunk): x_had (suh, Hadamard) quantised to two int8 levels
-// hi + lo/254 relative to the chunk's amax/127, written as splatted B fragments
-// [k/16][32 lanes] uint4 (lane 4*(2r + level) + tig); tokens >= m get zeros. qstats[chunk][r] =
-// {kMul1Inv * s, kMul1Off * s * (sum hi + sum lo / 254)} with s = amax / 127.
+// One warp per (token r < 4, 128-row chunk): x_had (suh, Hadamard) as int8 levels and statistics
+// (stage_int8_warp); tokens >= m get zeros.
 __global__ void __launch_bounds__(kThreads) stage_int8_kernel(XSource xs, int k, uint32_t* frag, float2* qstats,
                                                              const StageBatch sb) {
   griddep_wait();
@@ -63,45 +49,14 @@ __global__ void __launch_bounds__(kThreads) stage_int8_kernel(XSource xs, int k,
   const int mat = item / (4 * nchunks);
   item -= mat * 4 * nchunks;
   sb.select(mat, xs);
-  frag += static_cast<size_t>(mat) * (k / 16) * 128;
-  qstats += mat * nchunks * 4;
   const int chunk = item >> 2, r = item & 3;
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (r < xs.m) load4(xs, r, static_cast<int64_t>(chunk) * 128 + 4 * lane, v);
-  float mx = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-  const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
-  int sum_hi = 0, sum_lo = 0;
-  const int kt = chunk * 8 + (lane >> 2);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float a = v[e] * inv;
-    const float hi = fminf(fmaxf(rintf(a), -127.0f), 127.0f);
-    const float lo = fminf(fmaxf(rintf((a - hi) * 254.0f), -127.0f), 127.0f);
-    const int hv = static_cast<int>(hi), lv = static_cast<int>(lo);
-    sum_hi += hv;
-    sum_lo += lv;
-    int tig, i;
-    frag_slot(4 * (lane & 3) + e, tig, i);
-    uint32_t* base = frag + static_cast<size_t>(kt) * 128;  // 32 lanes x 4 words
-    base[(4 * (2 * r) + tig) * 4 + i] = (static_cast<uint32_t>(hv) & 0xFFu) * 0x01010101u;
-    base[(4 * (2 * r + 1) + tig) * 4 + i] = (static_cast<uint32_t>(lv) & 0xFFu) * 0x01010101u;
-  }
-#pragma unroll
-  for (int o = 16; o; o >>= 1) {
-    sum_hi += __shfl_xor_sync(0xFFFFFFFFu, sum_hi, o);
-    sum_lo += __shfl_xor_sync(0xFFFFFFFFu, sum_lo, o);
-  }
-  if (lane == 0) {
-    const float s = mx / 127.0f;
-    qstats[chunk * 4 + r] =
-        make_float2(kMul1Inv * s, kMul1Off * s * (static_cast<float>(sum_hi) + static_cast<float>(sum_lo) / 254.0f));
-  }
+  stage_int8_warp(v, r, chunk, frag + static_cast<size_t>(mat) * (k / 16) * 128, qstats + mat * nchunks * 4);
 }
 
-// One warp per (token r < 8, 128-row chunk): x_had in fp16 as B fragments [k/16][32] uint2
-// (lane 4*r + tig); tokens >= m get zeros.
+// One warp per (token r < 8, 128-row chunk): x_had in fp16 B fragments (stage_f16_warp); tokens
+// >= m get zeros.
 __global__ void __launch_bounds__(kThreads) stage_f16_kernel(XSource xs, int k, __half* frag, const StageBatch sb) {
   griddep_wait();
   griddep_launch_dependents();
@@ -112,17 +67,10 @@ __global__ void __launch_bounds__(kThreads) stage_f16_kernel(XSource xs, int k, 
   const int mat = item / (8 * nchunks);
   item -= mat * 8 * nchunks;
   sb.select(mat, xs);
-  frag += static_cast<size_t>(mat) * (k / 16) * 128;
   const int chunk = item >> 3, r = item & 7;
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (r < xs.m) load4(xs, r, static_cast<int64_t>(chunk) * 128 + 4 * lane, v);
-  const int kt = chunk * 8 + (lane >> 2);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int o = 4 * (lane & 3) + e;
-    const int tig = (o & 7) >> 1, word = o >> 3, half = o & 1;
-    frag[(static_cast<size_t>(kt) * 32 + 4 * r + tig) * 4 + word * 2 + half] = __float2half_rn(v[e]);
-  }
+  stage_f16_warp(v, r, chunk, frag + static_cast<size_t>(mat) * (k / 16) * 128);
 }
 
 template <int K, int CB>
@@ -209,24 +157,7 @@ size_t gemm_smem_bytes(const Exl3Matrix& w, GemmPath path) {
 int stream_blocks_per_sm(const Exl3Matrix& w, GemmPath path) {
   StreamKernelFn fn = stream_fn(w, path);
   if (!fn) return 0;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  // The planner asks on every call: cache per (kernel, device).
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> cache;
-  const auto key = std::make_pair(reinterpret_cast<const void*>(fn), device);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  const size_t smem = dev::stream_smem_bytes(w.bits, path == GemmPath::Int8);
-  if (raise_smem_once(fn, smem) != cudaSuccess) return 0;
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, dev::kThreads, smem) != cudaSuccess) return 0;
-  std::lock_guard<std::mutex> lock(mu);
-  cache[key] = blocks;
-  return blocks;
+  return resident_blocks_per_sm(fn, dev::stream_smem_bytes(w.bits, path == GemmPath::Int8), dev::kThreads);
 }
 
 size_t gemm_workspace_bytes(const Exl3Matrix& w, int64_t m, const GemmPlan& plan) {

@@ -9,15 +9,18 @@ namespace dsv41::exl3::dev {
 
 using GemmKernelFn = void (*)(GemmArgs);
 using StreamKernelFn = void (*)(StreamArgs);
+using MoeStreamKernelFn = void (*)(MoeStreamArgs);
 using GroupedKernelFn = void (*)(cuda::GroupedGemmParams);
 
-// Per codebook: the large-m kernel, the grouped kernel and the f16 stream kernel; the int8 stream
-// kernel is MUL1 only.
+// Per codebook: the large-m kernel, the grouped kernel and the f16 stream kernels (linear and MoE);
+// the int8 stream kernels are MUL1 only.
 struct KernelTable {
   GemmKernelFn large[3];
   GroupedKernelFn grouped[3][4];  // [codebook][row class H - 1]: tiles of up to 16H rows
   StreamKernelFn f16[3];
   StreamKernelFn int8;
+  MoeStreamKernelFn moe_f16[3];
+  MoeStreamKernelFn moe_int8;
 };
 
 template <int K, int CB>
@@ -40,6 +43,10 @@ void fill_gemm_table(KernelTable& t) {
   t.f16[1] = stream_kernel<K, 1, false>;
   t.f16[2] = stream_kernel<K, 2, false>;
   t.int8 = stream_kernel<K, 2, true>;
+  t.moe_f16[0] = moe_stream_kernel<K, 0, false>;
+  t.moe_f16[1] = moe_stream_kernel<K, 1, false>;
+  t.moe_f16[2] = moe_stream_kernel<K, 2, false>;
+  t.moe_int8 = moe_stream_kernel<K, 2, true>;
 }
 
 void gemm_table_k1(KernelTable& table);

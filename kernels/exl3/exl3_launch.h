@@ -3,8 +3,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <set>
+#include <utility>
 
 namespace dsv41::exl3::cuda {
 
@@ -50,6 +52,28 @@ cudaError_t raise_smem_once(Fn fn, size_t bytes) {
   const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (e == cudaSuccess) done.insert(reinterpret_cast<const void*>(fn));
   return e;
+}
+
+// Resident blocks per SM of a kernel with `smem` bytes of dynamic shared memory and `threads`
+// threads (0 when it cannot run). Planners ask on every call: cached per (kernel, device).
+template <class Fn>
+int resident_blocks_per_sm(Fn fn, size_t smem, int threads) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> cache;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(fn), device);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  if (raise_smem_once(fn, smem) != cudaSuccess) return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads, smem) != cudaSuccess) return 0;
+  std::lock_guard<std::mutex> lock(mu);
+  cache[key] = blocks;
+  return blocks;
 }
 
 }  // namespace dsv41::exl3::cuda

@@ -53,9 +53,12 @@ size_t moe_smem_bytes(int max_bits, int rows) {
   return static_cast<size_t>(most);
 }
 
-size_t moe_workspace_bytes(const MoeParams& p, const MoePlan& plan) { return layout(p, plan).total; }
+size_t moe_workspace_bytes(const MoeParams& p, const MoePlan& plan) {
+  return plan.stream ? moe_stream_workspace_bytes(p, plan) : layout(p, plan).total;
+}
 
 cudaError_t launch_moe(const MoeParams& p, const MoePlan& plan, cudaStream_t stream) {
+  if (plan.stream) return launch_moe_stream(p, plan, stream);
   const MoeLayout l = layout(p, plan);
   unsigned char* ws = static_cast<unsigned char*>(p.workspace);
   dev::MoeArgs a{};

@@ -1,6 +1,6 @@
-// Grouped EXL3 MoE layer for a few tokens (decode, speculative verify: m <= 8) in four launches,
-// chained with programmatic dependent launch (each starts its trellis prefetch while the previous
-// one finishes):
+// Grouped EXL3 MoE layer for a few tokens (decode, speculative verify: m <= 8). The grouped
+// kernels take four launches, chained with programmatic dependent launch (each starts its trellis
+// prefetch while the previous one finishes):
 //   1. stage gate/up: x ⊙ suh, input Hadamard (and int8 quantisation) once per (selected expert,
 //      projection, k-split) into the workspace.
 //   2. gate_up: every (selected expert, gate|up, 128-column group, k-split) is one block; the last
@@ -12,6 +12,17 @@
 //      of a column group sums the experts in increasing expert id, shared expert last, and writes y.
 // Experts are selected on the device from topk ids, so one graph serves every routing. Each
 // matrix has its own K and codebook. Sums use fixed orders only (no floating-point atomics).
+//
+// Stream path (MoePlan::stream), when every gate/up matrix shares one K and codebook and every down
+// matrix another (the usual checkpoint): three launches on the persistent stream-K body of the
+// linear kernels (exl3_stream.cuh), whose one-wave grids walk all selected matrices' (column group,
+// 128-row) units, so no wave is left a fraction full and the pipelines fill once per launch:
+//   1. stage: x ⊙ suh, Hadamard, int8 or fp16 fragments once per (selected expert, projection).
+//   2. gate/up: the end of each (expert, 128-column group) writes its outputs; the second of its
+//      gate and up applies the clamped SwiGLU, the routing weight, the down suh and Hadamard, and
+//      stages that chunk of the down projection's input.
+//   3. down: the end of each (expert, column group) writes the expert's output; the last expert of
+//      a column group sums them in slot order and writes y.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -52,8 +63,12 @@ struct MoeParams {
 
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  int splits_gate_up = 0, splits_down = 0;  // 0 = heuristic
+  int splits_gate_up = 0, splits_down = 0;  // the grouped kernels' k-splits; 0 = heuristic
   int int8 = -1;                            // -1 auto (m <= 4 and MUL1), 0 never
+  // Kinds the caller knows every matrix has (host facts): bits and codebook of all gate and up
+  // matrices, and of all down matrices; bits 0 = they differ. The stream path needs both.
+  int gate_up_bits = 0, gate_up_codebook = 0, down_bits = 0, down_codebook = 0;
+  int stream = -1;  // -1 auto (the kinds are uniform), 0 never, 1 required
 };
 
 struct MoePlan {
@@ -63,11 +78,20 @@ struct MoePlan {
   int splits_dn = 1, kt_dn = 0;
   size_t smem_gu = 0, smem_dn = 0;
   size_t workspace = 0;
+  // Stream path: int8 or f16 fragments per projection, persistent grids (blocks).
+  bool stream = false;
+  bool int8_gu = false, int8_dn = false;
+  int grid_gu = 0, grid_dn = 0;
 };
 
 // Shared by planner and launcher.
 size_t moe_workspace_bytes(const MoeParams& p, const MoePlan& plan);
 size_t moe_smem_bytes(int max_bits, int rows);
 cudaError_t launch_moe(const MoeParams& p, const MoePlan& plan, cudaStream_t stream);
+// Stream path: resident blocks per SM of the stream kernel of this kind (0 when none), the
+// workspace and the launches (exl3_moe_stream.cu).
+int moe_stream_blocks_per_sm(int bits, int codebook, bool int8);
+size_t moe_stream_workspace_bytes(const MoeParams& p, const MoePlan& plan);
+cudaError_t launch_moe_stream(const MoeParams& p, const MoePlan& plan, cudaStream_t stream);
 
 }  // namespace dsv41::exl3::cuda

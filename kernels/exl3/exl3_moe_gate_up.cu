@@ -57,19 +57,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(const MoeArgs a) 
         gv = __bfloat162float(__float2bfloat16_rn(gv));
         uv = __bfloat162float(__float2bfloat16_rn(uv));
       }
-      if (lim > 0.0f) {
-        gv = fminf(gv, lim);
-        uv = fminf(fmaxf(uv, -lim), lim);
-      }
-      float act;
-      if (p.bf16_points) {  // the reference's operation order, no contraction, correctly rounded exp
-        act = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, static_cast<float>(exp(-static_cast<double>(gv))))), uv);
-        act = __bfloat162float(__float2bfloat16_rn(__fmul_rn(wt, act)));
-        v[q] = wt != 0.0f ? act * __half2float(__ushort_as_half(wd.suh[col])) : 0.0f;
-      } else {
-        act = gv / (1.0f + expf(-gv)) * uv;
-        v[q] = wt != 0.0f ? act * wt * __half2float(__ushort_as_half(wd.suh[col])) : 0.0f;
-      }
+      v[q] = swiglu_input(gv, uv, wt, lim, p.bf16_points, __half2float(__ushort_as_half(wd.suh[col])));
     }
     hadamard128(v);
     float* dst = a.act + (static_cast<size_t>(slot) * 8 + r) * inter + ng * 128 + 4 * lane;

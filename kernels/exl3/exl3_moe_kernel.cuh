@@ -94,6 +94,24 @@ __device__ __forceinline__ float* small_block_any(const cuda::Exl3Matrix& w, int
 #undef DSV41_EXL3_CASE
 }
 
+// The down projection's input at one (token, column) from the gate and up outputs gv, uv (bias
+// added, rounded where the reference rounds): the clamped SwiGLU of MODEL.md §5.5 (u clamped to
+// ±lim, g clamped above at lim; lim <= 0: no clamp), times the routing weight wt and the down
+// matrix's suh value. A token that did not route to the expert (wt = 0) gives exactly 0.
+__device__ __forceinline__ float swiglu_input(float gv, float uv, float wt, float lim, bool bf16_points, float suh) {
+  if (lim > 0.0f) {
+    gv = fminf(gv, lim);
+    uv = fminf(fmaxf(uv, -lim), lim);
+  }
+  if (wt == 0.0f) return 0.0f;
+  if (bf16_points) {  // the reference's operation order, no contraction, correctly rounded exp
+    float act = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, static_cast<float>(exp(-static_cast<double>(gv))))), uv);
+    act = __bfloat162float(__float2bfloat16_rn(__fmul_rn(wt, act)));
+    return act * suh;
+  }
+  return gv / (1.0f + expf(-gv)) * uv * wt * suh;
+}
+
 // Claims a ticket of a group; true in the block that arrives last (which then resets it).
 __device__ __forceinline__ bool last_arrival(int* ctr, int expected) {
   __shared__ int s_last;

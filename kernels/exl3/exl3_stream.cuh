@@ -16,11 +16,17 @@
 // A batched call (several matrices of one shape and kind, each with its own x and outputs) numbers
 // the units of matrix i after those of matrix i - 1, so one grid streams all of them.
 //
+// The grouped MoE layer's stream path (exl3_moe.h) runs the same body over the experts the routing
+// selected (moe_stream_kernel): its matrices come from the slot table every block builds from the
+// top-k ids, and its column groups end in hooks of the MoE (moe_finish) instead of plain stores.
+//
 // Both kernels take part in programmatic dependent launch: the stream kernel prefetches its first
 // trellis groups before waiting for the staging kernel, so its launch and pipeline fill overlap
 // the staging. On a plain launch griddepcontrol is a no-op.
 #pragma once
-#include "exl3/exl3_block.cuh"
+#include <type_traits>
+
+#include "exl3/exl3_moe_kernel.cuh"
 
 namespace dsv41::exl3::dev {
 
@@ -46,6 +52,88 @@ __host__ __device__ __forceinline__ int unit_begin(int b, int total, int grid) {
 __host__ __device__ __forceinline__ int block_of_unit(int u, int total, int grid) {
   return static_cast<int>(((static_cast<long long>(u) + 1) * grid + total - 1) / total) - 1;
 }
+
+// ---- x staging: one warp stages token r of one 128-row chunk --------------------------------
+// Position o (0..15) inside a k-tile -> (lane group tig, fragment register i) of the B operand:
+// register i of lane (g, tig) holds k-offset 2*tig + {0, 8, 1, 9}[i] (int8, m16n8k32 with one
+// weight per 4 k-slots) or halves {2*tig, 2*tig+1} / {2*tig+8, 2*tig+9} (f16, m16n8k16).
+__device__ __forceinline__ void frag_slot(int o, int& tig, int& i) {
+  tig = (o & 7) >> 1;
+  i = (o >= 8 ? 1 : 0) + ((o & 1) ? 2 : 0);
+}
+
+// int8 path: v (rows chunk·128 + 4·lane + e of x_had, zeros for tokens past m) quantised to two
+// int8 levels hi + lo/254 relative to the chunk's amax/127, written as splatted B fragments
+// [k/16][32 lanes] uint4 (lane 4·(2r + level) + tig); qstats[chunk·4 + r] = {kMul1Inv·s,
+// kMul1Off·s·(sum hi + sum lo / 254)} with s = amax / 127. r < 4.
+__device__ __forceinline__ void stage_int8_warp(const float (&v)[4], int r, int chunk, uint32_t* frag,
+                                                float2* qstats) {
+  const int lane = threadIdx.x & 31;
+  float mx = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+  const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+  int sum_hi = 0, sum_lo = 0;
+  const int kt = chunk * 8 + (lane >> 2);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float a = v[e] * inv;
+    const float hi = fminf(fmaxf(rintf(a), -127.0f), 127.0f);
+    const float lo = fminf(fmaxf(rintf((a - hi) * 254.0f), -127.0f), 127.0f);
+    const int hv = static_cast<int>(hi), lv = static_cast<int>(lo);
+    sum_hi += hv;
+    sum_lo += lv;
+    int tig, i;
+    frag_slot(4 * (lane & 3) + e, tig, i);
+    uint32_t* base = frag + static_cast<size_t>(kt) * 128;  // 32 lanes x 4 words
+    base[(4 * (2 * r) + tig) * 4 + i] = (static_cast<uint32_t>(hv) & 0xFFu) * 0x01010101u;
+    base[(4 * (2 * r + 1) + tig) * 4 + i] = (static_cast<uint32_t>(lv) & 0xFFu) * 0x01010101u;
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) {
+    sum_hi += __shfl_xor_sync(0xFFFFFFFFu, sum_hi, o);
+    sum_lo += __shfl_xor_sync(0xFFFFFFFFu, sum_lo, o);
+  }
+  if (lane == 0) {
+    const float s = mx / 127.0f;
+    qstats[chunk * 4 + r] =
+        make_float2(kMul1Inv * s, kMul1Off * s * (static_cast<float>(sum_hi) + static_cast<float>(sum_lo) / 254.0f));
+  }
+}
+
+// f16 path: v as fp16 B fragments [k/16][32] uint2 (lane 4·r + tig). r < 8.
+__device__ __forceinline__ void stage_f16_warp(const float (&v)[4], int r, int chunk, __half* frag) {
+  const int lane = threadIdx.x & 31;
+  const int kt = chunk * 8 + (lane >> 2);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int o = 4 * (lane & 3) + e;
+    const int tig = (o & 7) >> 1, word = o >> 3, half = o & 1;
+    frag[(static_cast<size_t>(kt) * 32 + 4 * r + tig) * 4 + word * 2 + half] = __float2half_rn(v[e]);
+  }
+}
+
+// A unit's place (matrix, column group of it, 128-row chunk kc), stepped one unit at a time: the
+// kernels walk their units in order, and a division by a run-time value costs some twenty
+// instructions, several a unit, against about 240 of decode work a warp does per unit.
+struct UnitPos {
+  int mat, ng, kc;
+  __device__ __forceinline__ void init(int u, int U, int ngroups) {
+    kc = u % U;
+    const int gg = u / U;
+    mat = gg / ngroups;
+    ng = gg - mat * ngroups;
+  }
+  __device__ __forceinline__ void next(int U, int ngroups) {
+    if (++kc == U) {
+      kc = 0;
+      if (++ng == ngroups) {
+        ng = 0;
+        ++mat;
+      }
+    }
+  }
+};
 
 constexpr int kStreamRedBytes = 8 * 128 * 4;
 // x fragment bytes per lane and k-tile: int8 uint4 (16 B), f16 uint2 (8 B).
@@ -77,9 +165,116 @@ struct StreamArgs {
   int64_t y_batch_stride;
 };
 
-template <int K, int CB, bool INT8>
-__global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
+// The MoE stream path: one projection (gate/up or down) of the experts the routing selected.
+// s.w is the shape, bits and codebook every matrix of the projection shares (s.batch, s.ws unused);
+// matrix 2·slot + proj (gate/up, proj 1 = up) or slot (down) of the slot table (build_slots).
+struct MoeStreamArgs {
+  StreamArgs s;
+  cuda::MoeParams p;
+  int nproj;        // 2: gate/up; 1: down
+  float* out;       // [matrices][8][s.w.n] the finished outputs of the projection
+  int* finish_ctr;  // gate/up: [max_slots][inter/128] (gate and up of a group); down: [hidden/128]
+  // gate/up: the down projection's staged input (its x fragments per slot, int8 statistics)
+  void* next_x;
+  float2* next_qstats;
+  bool next_int8;
+  size_t next_x_bytes;
+};
+
+// The plain kernel's stand-in for MoeStreamArgs.
+struct NoMoe {};
+
+template <class Moe>
+__device__ __forceinline__ int moe_slot(const Moe& mo, int mat) {
+  return mo.nproj == 2 ? mat >> 1 : mat;
+}
+
+template <class Moe>
+__device__ __forceinline__ const cuda::Exl3Matrix& moe_matrix(const Moe& mo, const SlotTable& st, int mat) {
+  const int e = st.expert[moe_slot(mo, mat)];
+  if (mo.nproj == 1) return mo.p.down[e];
+  return (mat & 1) ? mo.p.up[e] : mo.p.gate[e];
+}
+
+// A MoE column group's end (red: its m rows of sums before the output transform). Gate/up: the
+// outputs (+ bias, bf16 points) go to mo.out; the second of a group's gate and up applies the
+// clamped SwiGLU, the routing weight and the down projection's suh and input Hadamard, and stages
+// the result as the down projection's x (chunk ng of its k). Down: each expert's output (+ bias
+// where the token routed to it) goes to mo.out; the last of the group's experts sums them in slot
+// order (the grouped kernels' order) and writes y.
+template <class Moe>
+__device__ void moe_finish(const Moe& mo, const SlotTable& st, const float* red, int mat, int ng) {
+  const cuda::MoeParams& p = mo.p;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n = mo.s.w.n, slot = moe_slot(mo, mat);
+  const cuda::Exl3Matrix& w = moe_matrix(mo, st, mat);
+  float* out = mo.out + static_cast<size_t>(mat) * 8 * n;
+  for (int r = warp; r < p.m; r += kWarps) {
+    float v[4];
+    out_transform(red + r * 128, w.svh, ng * 128, v);
+    const bool add_bias = w.bias && (mo.nproj == 2 || st.weight[slot][r] != 0.0f);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = ng * 128 + 4 * lane + e;
+      float o = v[e];
+      if (add_bias) o += __half2float(__ushort_as_half(w.bias[c]));
+      if (p.bf16_points) o = __bfloat162float(__float2bfloat16_rn(o));
+      out[static_cast<size_t>(r) * n + c] = o;
+    }
+  }
+  const int ngroups = n / 128;
+  if (mo.nproj == 2) {
+    if (!last_arrival(mo.finish_ctr + slot * ngroups + ng, 2)) return;
+    const cuda::Exl3Matrix& wd = p.down[st.expert[slot]];
+    const float* g = mo.out + static_cast<size_t>(2 * slot) * 8 * n;
+    const float* u = g + static_cast<size_t>(8) * n;
+    unsigned char* xd = static_cast<unsigned char*>(mo.next_x) + slot * mo.next_x_bytes;
+    for (int r = warp; r < (mo.next_int8 ? 4 : 8); r += kWarps) {
+      float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (r < p.m) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int c = ng * 128 + 4 * lane + q;
+          v[q] = swiglu_input(__ldcg(g + static_cast<size_t>(r) * n + c), __ldcg(u + static_cast<size_t>(r) * n + c),
+                              st.weight[slot][r], p.swiglu_limit, p.bf16_points,
+                              __half2float(__ushort_as_half(wd.suh[c])));
+        }
+        hadamard128(v);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] *= kHadScale;
+      }
+      if (mo.next_int8) {
+        stage_int8_warp(v, r, ng, reinterpret_cast<uint32_t*>(xd),
+                        mo.next_qstats + static_cast<size_t>(slot) * ngroups * 4);
+      } else {
+        stage_f16_warp(v, r, ng, reinterpret_cast<__half*>(xd));
+      }
+    }
+    return;
+  }
+  if (!last_arrival(mo.finish_ctr + ng, st.n)) return;
+  for (int r = warp; r < p.m; r += kWarps) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int sl = 0; sl < st.n; ++sl) {
+      const float* src = mo.out + (static_cast<size_t>(sl) * 8 + r) * n + ng * 128 + 4 * lane;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[q] += __ldcg(src + q);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int c = ng * 128 + 4 * lane + q;
+      const float o = p.bf16_points ? __bfloat162float(__float2bfloat16_rn(acc[q])) : acc[q];
+      if (c < p.y_cols) store_act(p.y, static_cast<int>(p.y_type), static_cast<int64_t>(r) * p.y_stride + c, o);
+    }
+  }
+}
+
+// The stream kernels' body; Moe = NoMoe for the plain kernel, MoeStreamArgs (with the block's slot
+// table st) for the MoE's.
+template <int K, int CB, bool INT8, class Moe>
+__device__ __forceinline__ void stream_body(const StreamArgs& a, const Moe& mo, const SlotTable* st,
+                                            unsigned char* smem) {
+  constexpr bool MOE = !std::is_same_v<Moe, NoMoe>;
   __shared__ int s_last;
   constexpr int TW = Tile<K>::kWords;
   constexpr int NG = ring_groups(K);
@@ -91,8 +286,14 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int U = a.units_per_group;
   const int ngroups = a.w.n / 128;
-  const int total = a.batch * ngroups * U;  // units; u / U is the column group over all matrices
-  const int G = gridDim.x, b = blockIdx.x;
+  int batch = a.batch;
+  if constexpr (MOE) batch = st->n * mo.nproj;
+  const bool multi = MOE || a.batch > 1;
+  const int total = batch * ngroups * U;  // units; u / U is the column group over all matrices
+  // A MoE grid is sized for its most matrices: blocks past the units of this routing leave (every
+  // block of the rest then owns at least one unit, which the group tickets count on).
+  const int G = MOE ? min(static_cast<int>(gridDim.x), total) : static_cast<int>(gridDim.x), b = blockIdx.x;
+  if (MOE && b >= G) return;
   const int u0 = unit_begin(b, total, G), u1 = unit_begin(b + 1, total, G);
   const int nq = u1 - u0;
   const int ntn = a.w.n / 16;
@@ -102,28 +303,65 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
   float* red = reinterpret_cast<float*>(xring + NG * kGroup * 32 * FB);
 
   // Unit u: column group gg = u / U (matrix gg / ngroups, its group gg % ngroups), k-tiles
-  // 8 * (u % U) .. + 8; this warp's column tile of the group.
-  auto trellis_of = [&](int mat) { return a.batch > 1 ? a.ws[mat].trellis : a.w.trellis; };
+  // 8 * (u % U) .. + 8; this warp's column tile of the group. The trellis and x prefetches and the
+  // compute loop each step their own UnitPos through the block's units.
+  UnitPos tpos, xpos, cpos;
+  tpos.init(u0, U, ngroups);
+  xpos = cpos = tpos;
+  // The prefetches' source addresses (this warp's column tile at the unit's first k-tile; this
+  // lane's piece of the unit's x) step by a constant stride inside a column group and are worked
+  // out afresh only where a group or a matrix begins: recomputing them per unit cost about as many
+  // instructions as a tile's decode.
+  int tmat = -1;
+  const uint16_t* tbase = a.w.trellis;
+  const uint16_t* tsrc = nullptr;
+  auto seek_trellis = [&]() {
+    if (multi && tpos.mat != tmat) {  // the matrix's trellis, looked up once per matrix
+      tmat = tpos.mat;
+      if constexpr (MOE) {
+        const cuda::Exl3Matrix& w = moe_matrix(mo, *st, tmat);
+        if (w.bits != K || w.codebook != a.w.codebook || w.k != a.w.k || w.n != a.w.n) __trap();  // not this kind
+        tbase = w.trellis;
+      } else {
+        tbase = a.ws[tmat].trellis;
+      }
+    }
+    tsrc = tbase + (static_cast<size_t>(tpos.kc) * kGroup * ntn + tpos.ng * 8 + warp) * 16 * K;
+  };
+  const unsigned char* xsrc = nullptr;
+  auto seek_x = [&]() {
+    xsrc = static_cast<const unsigned char*>(a.xfrag) + xpos.mat * a.xfrag_batch_bytes +
+           static_cast<size_t>(xpos.kc * kGroup + warp) * 32 * FB + lane * 16;
+  };
+  if (nq > 0) seek_trellis();
+  seek_x();
   auto prefetch_trellis = [&](int q) {
     if (q < nq) {
-      const int u = u0 + q, gg = u / U, mat = a.batch > 1 ? gg / ngroups : 0;
-      const uint16_t* src =
-          trellis_of(mat) + (static_cast<size_t>(u % U) * kGroup * ntn + (gg - mat * ngroups) * 8 + warp) * 16 * K;
       uint32_t* dst = ring + (q % NG) * kGroup * TW;
 #pragma unroll
       for (int c = lane; c < CH; c += 32) {
         const int j = c / (2 * K), part = c % (2 * K);
-        cp::cp_async16<kCpOrder>(dst + j * TW + part * 4, src + j * row_stride + part * 8);
+        cp::cp_async16<kCpOrder>(dst + j * TW + part * 4, tsrc + j * row_stride + part * 8);
+      }
+      tpos.next(U, ngroups);
+      if (tpos.kc != 0) {
+        tsrc += kGroup * row_stride;
+      } else if (q + 1 < nq) {
+        seek_trellis();  // a new column group (and maybe matrix); past the block's units there is none
       }
     }
   };
   // The unit's x fragments, shared by the block: warp w copies k-tile w.
   auto prefetch_x = [&](int q) {
-    if (q < nq && lane < XCH) {
-      const int u = u0 + q, kt = (u % U) * kGroup + warp, mat = a.batch > 1 ? u / U / ngroups : 0;
-      cp::cp_async16<kCpOrder>(xring + ((q % NG) * kGroup + warp) * 32 * FB + lane * 16,
-                               static_cast<const unsigned char*>(a.xfrag) + mat * a.xfrag_batch_bytes +
-                                   static_cast<size_t>(kt) * 32 * FB + lane * 16);
+    if (q < nq) {
+      if (lane < XCH)
+        cp::cp_async16<kCpOrder>(xring + ((q % NG) * kGroup + warp) * 32 * FB + lane * 16, xsrc);
+      xpos.next(U, ngroups);
+      if (xpos.kc != 0) {
+        xsrc += kGroup * 32 * FB;
+      } else {
+        seek_x();
+      }
     }
   };
   // The trellis never depends on earlier kernels: start streaming it before waiting for the
@@ -145,8 +383,7 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
   Acc acc[4] = {0, 0, 0, 0};
   float f0 = 0.0f, f1 = 0.0f;  // int8: flushed per unit (token tig, columns col and col + 8)
 
-  for (int q = 0; q < nq; ++q) {
-    const int u = u0 + q;
+  for (int q = 0; q < nq; ++q, cpos.next(U, ngroups)) {
     cp::cp_async_wait<NG - 2, kCpOrder>();
     __syncthreads();  // unit q's x (copied by all warps) is visible; every warp is done with unit q - 1
     prefetch_trellis(q + NG - 1);
@@ -154,6 +391,8 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
     cp::cp_async_commit<kCpOrder>();
     const uint32_t* grp = ring + (q % NG) * kGroup * TW;
     const Frag* xf = reinterpret_cast<const Frag*>(xring) + (q % NG) * kGroup * 32 + lane;
+    float2 qs;  // int8: the scale of this unit's chunk, loaded ahead of the tiles that hide its latency
+    if constexpr (INT8) qs = a.qstats[(cpos.mat * U + cpos.kc) * 4 + tig];
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) {
       uint32_t st[8];
@@ -170,16 +409,14 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
       }
     }
     if constexpr (INT8) {
-      const int qmat = a.batch > 1 ? u / U / ngroups : 0;
-      const float2 qs = a.qstats[(qmat * U + u % U) * 4 + tig];  // the matrix's chunk u % U
       f0 += qs.x * (static_cast<float>(acc[0]) + static_cast<float>(acc[1]) * (1.0f / 254.0f)) + qs.y;
       f1 += qs.x * (static_cast<float>(acc[2]) + static_cast<float>(acc[3]) * (1.0f / 254.0f)) + qs.y;
       acc[0] = acc[1] = acc[2] = acc[3] = 0;
     }
-    if (q + 1 < nq && (u + 1) % U != 0) continue;
+    if (q + 1 < nq && cpos.kc + 1 != U) continue;
 
     // ---- end of this block's part of column group gg: every warp gets here together ----
-    const int gg = u / U, mat = a.batch > 1 ? gg / ngroups : 0, ng = gg - mat * ngroups;
+    const int mat = cpos.mat, ng = cpos.ng, gg = mat * ngroups + ng;
     if constexpr (INT8) {
       red[tig * 128 + col] = f0;
       red[tig * 128 + col + 8] = f1;
@@ -219,7 +456,9 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
         __syncthreads();
       }
     }
-    if (finish) {
+    if constexpr (MOE) {
+      if (finish) moe_finish(mo, *st, red, mat, ng);
+    } else if (finish) {
       const uint16_t* svh = a.batch > 1 ? a.ws[mat].svh : a.w.svh;
       const uint16_t* bias = a.batch > 1 ? a.ws[mat].bias : a.w.bias;
       const int64_t y0 = mat * a.y_batch_stride;
@@ -239,6 +478,20 @@ __global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a)
     __syncthreads();  // red is rewritten at the next column group
   }
   cp::cp_async_wait<0, kCpOrder>();
+}
+
+template <int K, int CB, bool INT8>
+__global__ void __launch_bounds__(kThreads, 4) stream_kernel(const StreamArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  stream_body<K, CB, INT8>(a, NoMoe{}, nullptr, smem);
+}
+
+template <int K, int CB, bool INT8>
+__global__ void __launch_bounds__(kThreads, 4) moe_stream_kernel(const MoeStreamArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ SlotTable st;
+  build_slots(a.p, st);  // the routing is complete before the staging kernel ahead of this one ran
+  stream_body<K, CB, INT8>(a.s, a, &st, smem);
 }
 
 }  // namespace dsv41::exl3::dev

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "dsv41/common/error.h"
 #include "dsv41/common/numeric.h"
@@ -120,6 +121,14 @@ GpuLinear Impl::upload_exl3(const std::string& prefix, int64_t in, int64_t out, 
   return l;
 }
 
+// The uniform kinds of a layer's expert tables (GpuExl3Experts) in the MoE call's parameters.
+static void set_moe_kinds(ops::MoeParams& p, const GpuExl3Experts& x) {
+  p.gate_up_bits = x.gate_up_bits;
+  p.gate_up_codebook = x.gate_up_codebook;
+  p.down_bits = x.down_bits;
+  p.down_codebook = x.down_codebook;
+}
+
 void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp, int64_t expert_end) {
   const ModelConfig& c = cfg;
   const int64_t dim = c.hidden_size, inter = c.moe_intermediate_size, E = b.n_experts;
@@ -162,6 +171,17 @@ void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp, int64_t expert_
   x.inter = gate.front().n;
   for (const auto* table : {&gate, &up, &down})
     for (const ops::Exl3Matrix& m : *table) x.max_bits = std::max(x.max_bits, static_cast<int>(m.bits));
+  // One kind per projection lets the decode MoE take the stream path (exl3_moe.h).
+  auto uniform = [](std::initializer_list<const std::vector<ops::Exl3Matrix>*> tables, int& bits, int& codebook) {
+    const ops::Exl3Matrix& first = tables.begin()[0]->front();
+    bits = first.bits;
+    codebook = first.codebook;
+    for (const auto* table : tables)
+      for (const ops::Exl3Matrix& m : *table)
+        if (m.bits != first.bits || m.codebook != first.codebook) bits = 0;
+  };
+  uniform({&gate, &up}, x.gate_up_bits, x.gate_up_codebook);
+  uniform({&down}, x.down_bits, x.down_codebook);
   x.gate = DeviceBuffer::from(gate);
   x.up = DeviceBuffer::from(up);
   x.down = DeviceBuffer::from(down);
@@ -176,6 +196,7 @@ void Impl::load_exl3_experts(GpuBlock& b, const std::string& fp, int64_t expert_
   p.hidden = x.hidden;
   p.inter = x.inter;
   p.max_bits = x.max_bits;
+  set_moe_kinds(p, x);
   p.x = p.y = x.gate.get();  // planning checks only that pointers are set; sizes decide the workspace
   p.topk_ids = x.gate.as<int32_t>();
   p.topk_weights = x.gate.as<float>();
@@ -309,6 +330,7 @@ void Impl::moe_exl3(const GpuBlock& b, int64_t n) {
   p.hidden = x.hidden;
   p.inter = x.inter;
   p.max_bits = x.max_bits;
+  set_moe_kinds(p, x);
   p.swiglu_limit = static_cast<float>(cfg.swiglu_limit);
   p.bf16_points = true;
   p.x_type = ops::ActType::F32;

@@ -56,6 +56,9 @@ struct GpuExl3Experts {
   std::vector<GpuLinear> w1, w2, w3;  // routed experts (the shared expert's linears stay in GpuBlock)
   DeviceBuffer gate, up, down;        // ops::Exl3Matrix [n_experts + 1]
   int hidden = 0, inter = 0, max_bits = 0;  // padded sizes; largest K over all tables
+  // The bits and codebook every gate/up (w1, w3) matrix shares, and every down (w2) matrix; bits 0
+  // where they differ (ops::MoeParams: the stream path needs both).
+  int gate_up_bits = 0, gate_up_codebook = 0, down_bits = 0, down_codebook = 0;
   bool loaded() const { return !w1.empty(); }
 };
 

@@ -153,10 +153,31 @@ MoePlan moe_plan(const MoeParams& p) {
             "exl3_moe: x_cols={} must be in 1..hidden={} and x_stride >= x_cols", p.x_cols, p.hidden);
   DSV_CHECK(p.y_cols >= 1 && p.y_cols <= p.hidden && p.y_stride >= p.y_cols,
             "exl3_moe: y_cols={} must be in 1..hidden={} and y_stride >= y_cols", p.y_cols, p.hidden);
+  auto kind_ok = [](int bits, int cb) { return bits >= 1 && bits <= 8 && cb >= 0 && cb <= 2; };
+  const bool uniform = kind_ok(p.gate_up_bits, p.gate_up_codebook) && kind_ok(p.down_bits, p.down_codebook);
+  DSV_CHECK(p.stream != 1 || uniform,
+            "exl3_moe: the stream path needs one bit width and codebook for every gate/up matrix and one for every "
+            "down matrix (gate_up_bits={}, down_bits={})",
+            p.gate_up_bits, p.down_bits);
   MoePlan plan;
   plan.int8 = p.int8 != 0 && p.m <= 4;
   plan.max_slots = p.m * p.topk + (p.has_shared ? 1 : 0);
   const int sms = current_sm_count();
+  if (p.stream != 0 && uniform) {
+    // One resident wave per projection, never more blocks than the most matrices' units.
+    plan.stream = true;
+    plan.int8_gu = plan.int8 && p.gate_up_codebook == 2;
+    plan.int8_dn = plan.int8 && p.down_codebook == 2;
+    const int per_sm_gu = exl3::cuda::moe_stream_blocks_per_sm(p.gate_up_bits, p.gate_up_codebook, plan.int8_gu);
+    const int per_sm_dn = exl3::cuda::moe_stream_blocks_per_sm(p.down_bits, p.down_codebook, plan.int8_dn);
+    DSV_CHECK(per_sm_gu > 0 && per_sm_dn > 0, "exl3_moe: the stream kernels cannot run on this device");
+    const int64_t units = static_cast<int64_t>(plan.max_slots) * (p.hidden / 128) * (p.inter / 128);
+    plan.grid_gu = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(sms) * per_sm_gu, 2 * units));
+    plan.grid_dn = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(sms) * per_sm_dn, units));
+    plan.workspace = exl3::cuda::moe_workspace_bytes(p, plan);
+    DSV_CHECK(plan.workspace > 0, "exl3_moe: too many column groups for the ticket counter space");
+    return plan;
+  }
   const int slots_typ = std::min(plan.max_slots, p.topk + (p.has_shared ? 1 : 0));
   auto pick = [&](int ktiles, int blocks_per_split, int forced, int& splits, int& kt) {
     const int min_splits = (ktiles * 16 + kMaxSmallRows - 1) / kMaxSmallRows;

@@ -308,9 +308,10 @@ int main(int argc, char** argv) try {
 
   // ---- a whole MoE decode layer: 6 routed experts + shared, 5120 -> 2304 -> 5120 ----
   const int n_experts = 384, hidden = 5120, inter = 2304, topk = 6;
-  std::printf("\nMoE layer (DeepSeek-V4.1: %d experts, top-%d + shared, %d->%d->%d), 4 launches per layer\n",
+  std::printf("\nMoE layer (DeepSeek-V4.1: %d experts, top-%d + shared, %d->%d->%d): the stream path (3 launches)\n"
+              "and the grouped kernels (4 launches, MoeParams::stream = 0)\n",
               n_experts, topk, hidden, inter, hidden);
-  std::printf("%2s %2s %10s %12s %10s %8s\n", "K", "m", "us/layer", "floor us", "x floor", "GB/s");
+  std::printf("%2s %2s %10s %12s %10s %8s %12s\n", "K", "m", "us/layer", "floor us", "x floor", "GB/s", "grouped us");
   for (int K : Ks) {
     const size_t mat_bytes = static_cast<size_t>(hidden) * inter * K / 8;
     // Every expert matrix gets its own memory (filled by copies of the random pool).
@@ -374,9 +375,13 @@ int main(int argc, char** argv) try {
       p.y_cols = p.y_stride = hidden;
       p.topk_ids = d_ids;
       p.topk_weights = d_w;
-      size_t wsb = dsv41::ops::exl3_moe_workspace_bytes(p);
+      p.gate_up_bits = p.down_bits = K;  // one kind per projection: the stream path
+      p.gate_up_codebook = p.down_codebook = 2;
+      dsv41::ops::MoeParams grouped = p;
+      grouped.stream = 0;
+      size_t wsb = std::max(dsv41::ops::exl3_moe_workspace_bytes(p), dsv41::ops::exl3_moe_workspace_bytes(grouped));
       if (sweep) {  // room for the sweep's largest split counts
-        dsv41::ops::MoeParams big = p;
+        dsv41::ops::MoeParams big = grouped;
         big.splits_gate_up = 20;
         big.splits_down = 18;
         wsb = std::max(wsb, dsv41::ops::exl3_moe_workspace_bytes(big));
@@ -388,13 +393,21 @@ int main(int argc, char** argv) try {
       p.workspace_bytes = wsb;
       p.topk_ids = d_ids;
       p.topk_weights = d_w;
-      dsv41::ops::exl3_moe(p, s);  // eager first call (one-time kernel attribute setup)
-      ck(cudaStreamSynchronize(s), "first moe call");
-      const double us = time_graph(s, calls, [&](int c) {
-        p.topk_ids = d_ids + static_cast<size_t>(c) * m * topk;
-        p.topk_weights = d_w + static_cast<size_t>(c) * m * topk;
-        dsv41::ops::exl3_moe(p, s);
-      });
+      grouped.workspace = ws;
+      grouped.workspace_bytes = wsb;
+      auto time_moe = [&](dsv41::ops::MoeParams& q) {
+        q.topk_ids = d_ids;
+        q.topk_weights = d_w;
+        dsv41::ops::exl3_moe(q, s);  // eager first call (one-time kernel attribute setup)
+        ck(cudaStreamSynchronize(s), "first moe call");
+        return time_graph(s, calls, [&](int c) {
+          q.topk_ids = d_ids + static_cast<size_t>(c) * m * topk;
+          q.topk_weights = d_w + static_cast<size_t>(c) * m * topk;
+          dsv41::ops::exl3_moe(q, s);
+        });
+      };
+      const double us = time_moe(p);
+      const double us_grouped = time_moe(grouped);
       // Bytes floor: the distinct experts' trellis read once (the average number of distinct
       // experts over the captured routings, plus the shared one).
       double distinct = 0;
@@ -407,29 +420,30 @@ int main(int argc, char** argv) try {
       distinct /= calls;
       const double bytes = distinct * 3 * mat_bytes;
       const double floor_us = bytes / (b.copy_gbs * 1e9) * 1e6;
-      std::printf("%2d %2d %10.2f %12.2f %10.2f %8.0f\n", K, m, us, floor_us, us / floor_us, bytes / (us * 1e-6) / 1e9);
+      std::printf("%2d %2d %10.2f %12.2f %10.2f %8.0f %12.2f\n", K, m, us, floor_us, us / floor_us,
+                  bytes / (us * 1e-6) / 1e9, us_grouped);
       std::fflush(stdout);
       if (sweep && m <= 4) {
         // Forced k-splits of the gate/up and down kernels, and the exact fp16 path (int8 off).
-        std::printf("   sweep m=%d: gate/up splits x down splits [int8]: us\n  ", m);
+        std::printf("   sweep m=%d (grouped kernels): gate/up splits x down splits [int8]: us\n  ", m);
         for (int i8 : {-1, 0})
           for (int sg : {5, 6, 8, 10, 20})
             for (int sd : {3, 4, 6, 9, 18}) {
-              p.splits_gate_up = sg;
-              p.splits_down = sd;
-              p.int8 = i8;
-              const size_t need_ws = dsv41::ops::exl3_moe_workspace_bytes(p);
-              if (need_ws > p.workspace_bytes) continue;
+              grouped.splits_gate_up = sg;
+              grouped.splits_down = sd;
+              grouped.int8 = i8;
+              const size_t need_ws = dsv41::ops::exl3_moe_workspace_bytes(grouped);
+              if (need_ws > grouped.workspace_bytes) continue;
               const double t = time_graph(s, calls, [&](int c) {
-                p.topk_ids = d_ids + static_cast<size_t>(c) * m * topk;
-                p.topk_weights = d_w + static_cast<size_t>(c) * m * topk;
-                dsv41::ops::exl3_moe(p, s);
+                grouped.topk_ids = d_ids + static_cast<size_t>(c) * m * topk;
+                grouped.topk_weights = d_w + static_cast<size_t>(c) * m * topk;
+                dsv41::ops::exl3_moe(grouped, s);
               });
               std::printf(" %d/%d%s:%.1f", sg, sd, i8 == 0 ? "f" : "", t);
             }
         std::printf("\n");
-        p.splits_gate_up = p.splits_down = 0;
-        p.int8 = -1;
+        grouped.splits_gate_up = grouped.splits_down = 0;
+        grouped.int8 = -1;
         std::fflush(stdout);
       }
       cudaFree(ws);

@@ -61,7 +61,7 @@ void exl3_reconstruct(const Exl3Matrix& w, uint16_t* w_hat, cudaStream_t stream)
 void exl3_grouped_input(const GroupedInputParams& p, cudaStream_t stream);
 void exl3_grouped_gemm(const GroupedGemmParams& p, cudaStream_t stream);
 
-// One MoE layer for m <= 8 tokens in four launches (see exl3_moe.h).
+// One MoE layer for m <= 8 tokens: three launches on the stream path, four otherwise (exl3_moe.h).
 size_t exl3_moe_workspace_bytes(const MoeParams& p);
 void exl3_moe(const MoeParams& p, cudaStream_t stream);
 

@@ -335,13 +335,16 @@ __device__ __forceinline__ void stream_body(const StreamArgs& a, const Moe& mo, 
   };
   if (nq > 0) seek_trellis();
   seek_x();
+  // Shared-space addresses of the rings, converted once (not at every copy).
+  const unsigned ring_s = cp::shared_address(ring), xring_s = cp::shared_address(xring);
   auto prefetch_trellis = [&](int q) {
     if (q < nq) {
-      uint32_t* dst = ring + (q % NG) * kGroup * TW;
+      const unsigned dst = ring_s + (q % NG) * kGroup * TW * 4;
 #pragma unroll
       for (int c = lane; c < CH; c += 32) {
         const int j = c / (2 * K), part = c % (2 * K);
-        cp::cp_async16<kCpOrder>(dst + j * TW + part * 4, tsrc + j * row_stride + part * 8);
+        cp::cp_detail::copy16<kCpOrder, cp::CpL2::None>(dst + (j * TW + part * 4) * 4,
+                                                        tsrc + j * row_stride + part * 8);
       }
       tpos.next(U, ngroups);
       if (tpos.kc != 0) {
@@ -355,7 +358,8 @@ __device__ __forceinline__ void stream_body(const StreamArgs& a, const Moe& mo, 
   auto prefetch_x = [&](int q) {
     if (q < nq) {
       if (lane < XCH)
-        cp::cp_async16<kCpOrder>(xring + ((q % NG) * kGroup + warp) * 32 * FB + lane * 16, xsrc);
+        cp::cp_detail::copy16<kCpOrder, cp::CpL2::None>(xring_s + ((q % NG) * kGroup + warp) * 32 * FB + lane * 16,
+                                                        xsrc);
       xpos.next(U, ngroups);
       if (xpos.kc != 0) {
         xsrc += kGroup * 32 * FB;

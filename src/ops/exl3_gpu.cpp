@@ -77,12 +77,28 @@ GemmPlan exl3_gemm_plan(const Exl3Matrix& w, int64_t m, GemmPath path, int split
     if (splits > 0) want = splits;
     std::tie(plan.splits, plan.kt_per_split) = split_k(ktiles, want);
   } else {
-    // Persistent stream-K grid: about one resident wave, never more blocks than units (one unit =
-    // one column group x 128 k-rows). A forced `splits` asks for that many blocks per column group.
+    // Persistent stream-K grid (one unit = one column group x 128 k-rows): about one resident wave,
+    // or for calls of fewer units than a wave holds at 4 units a block, blocks of a whole divisor
+    // of the units a column group has (up to 4, at least half an SM count of blocks), so that no
+    // block straddles two groups and each group's partial sums are few (bench/RESULTS.md, "grid
+    // sweep"). A forced `splits` asks for that many blocks per column group.
     plan.m_blocks = 1;
     plan.kt_per_split = 8;
-    const int units = batch * ngroups * (ktiles / 8);
-    int grid = splits > 0 ? batch * ngroups * splits : sms * std::max(1, exl3::cuda::stream_blocks_per_sm(w, path));
+    const int per_group = ktiles / 8;
+    const int units = batch * ngroups * per_group;
+    const int wave = sms * std::max(1, exl3::cuda::stream_blocks_per_sm(w, path));
+    int grid = wave;
+    if (splits > 0) {
+      grid = batch * ngroups * splits;
+    } else {
+      int per_block = 1;
+      for (int c = std::min(4, per_group); c >= 1; --c) {
+        if (per_group % c != 0) continue;
+        per_block = c;
+        if (units / c >= (sms + 1) / 2) break;
+      }
+      grid = std::min(wave, units / per_block);
+    }
     plan.grid = std::clamp(grid, 1, units);
     plan.splits = (plan.grid + batch * ngroups - 1) / (batch * ngroups);
   }

@@ -81,6 +81,30 @@ std::string kernel_lines(const ProfileCounts& c, double denom_ms, size_t top, co
 
 }  // namespace
 
+// The layer-by-layer times and the full model's layers by kind (LayerExtrapolation).
+std::string kind_lines(const std::vector<double>& layer_ms, const LayerExtrapolation& ex, const std::string& what) {
+  std::string s = "  " + what + ", this model's layers (ms):";
+  for (double t : layer_ms) s += fmt::format(" {:.4f}", t);
+  s += "\n";
+  for (const KindEstimate& k : ex.kinds) {
+    std::string from;
+    for (int64_t i : k.measured) from += (from.empty() ? "" : ", ") + std::to_string(i);
+    s += fmt::format("  {:>4} x {}: {:.4f} ms each ({} {}{})\n", k.count, describe(k.kind), k.ms,
+                     k.exact ? "as layer" : "nearest kind: layer", from,
+                     k.plus_engram ? fmt::format(" + the Engram branch, {:.4f}", ex.engram_ms) : "");
+  }
+  return s;
+}
+
+Json kinds_json(const std::vector<double>& layer_ms, const LayerExtrapolation& ex) {
+  Json kinds = Json::array();
+  for (const KindEstimate& k : ex.kinds)
+    kinds.push_back({{"kind", describe(k.kind)}, {"count", k.count}, {"ms", k.ms}, {"measured_layers", k.measured},
+                     {"exact", k.exact}, {"plus_engram", k.plus_engram}});
+  return {{"layer_ms", layer_ms}, {"total_ms", ex.total_ms}, {"engram_ms", ex.engram_ms},
+          {"engram_measured", ex.engram_measured}, {"kinds", kinds}};
+}
+
 std::string format_decode(const DecodeReport& r) {
   const BenchCommon& o = r.opts.common;
   std::string s = fmt::format("bench decode: {} ({} layers) on {}; {} timed steps after {} warm-up, median\n",
@@ -147,10 +171,13 @@ std::string format_decode(const DecodeReport& r) {
                          w.spec_verify_ms);
   }
   if (r.full.layers > 0) {
+    const bool by_kind = !r.rows.empty() && r.rows[0].by_kind.has_value();
     s += fmt::format(
-        "extrapolated to {} layers ({}): per-layer time of this run x {} + head; TP2 = 2 nodes at {:.0f} GB/s each, "
+        "extrapolated to {} layers ({}): {} + head; TP2 = 2 nodes at {:.0f} GB/s each, "
         "{} all-reduces per step at {:.0f} us + bytes / {:.1f} GB/s (assumed, not measured)\n",
-        r.full.layers, r.full.from_config ? "bytes from --full-config" : "bytes scaled per layer", r.full.layers,
+        r.full.layers, r.full.from_config ? "bytes from --full-config" : "bytes scaled per layer",
+        by_kind ? "each layer timed, the full model's layers by kind (below)"
+                : fmt::format("per-layer time of this run x {}", r.full.layers),
         o.tp.node_bandwidth / 1e9, r.rows.empty() ? 0 : r.rows[0].tp2.allreduces, o.tp.latency_s * 1e6,
         o.tp.link_bandwidth / 1e9);
     s += fmt::format("{:>5} {:>8} {:>12} {:>10} {:>12} {:>12} {:>12} {:>14} {:>12}\n", "batch", "context", "full ms/step",
@@ -159,6 +186,9 @@ std::string format_decode(const DecodeReport& r) {
       s += fmt::format("{:>5} {:>8} {:>12.3f} {:>10.1f} {:>12.3f} {:>12.3f} {:>12.3f} {:>14.3f} {:>12.1f}\n", w.batch,
                        w.context, w.full_step_ms, w.full_tokens_per_s, w.full_floor_ms, gb(w.tp2.node_bytes),
                        w.tp2_step_ms, w.tp2_at_measured_ms, static_cast<double>(w.batch) * 1e3 / w.tp2_at_measured_ms);
+    for (const DecodeRow& w : r.rows)
+      if (w.by_kind)
+        s += kind_lines(w.layer_ms, *w.by_kind, fmt::format("batch {} context {}", w.batch, w.context));
   }
   return s;
 }
@@ -219,6 +249,7 @@ std::string decode_json(const DecodeReport& r) {
                      {"node_bandwidth", o.tp.node_bandwidth},
                      {"link_bandwidth", o.tp.link_bandwidth},
                      {"allreduce_latency_s", o.tp.latency_s}}}};
+      if (w.by_kind) x["full"]["by_kind"] = kinds_json(w.layer_ms, *w.by_kind);
     }
     rows.push_back(x);
   }
@@ -249,9 +280,12 @@ std::string format_prefill(const PrefillReport& r) {
     s += kernel_lines(*w.counts, w.counts->busy_ns * 1e-6, 8, "busy");
   }
   if (r.full.layers > 0)
-    for (const PrefillRow& w : r.rows)
+    for (const PrefillRow& w : r.rows) {
       s += fmt::format("extrapolated to {} layers: {} tokens at {:.1f} tokens/s\n", r.full.layers, w.tokens,
                        w.full_tokens_per_s);
+      if (w.by_kind)
+        s += kind_lines(w.layer_ms, *w.by_kind, fmt::format("one {}-token pass", std::min(w.tokens, w.chunk)));
+    }
   return s;
 }
 
@@ -277,7 +311,10 @@ std::string prefill_json(const PrefillReport& r) {
     x["routed_flops_per_s"] = w.routed_flops_per_s;
     x["routed_pct_of_bf16_peak"] = w.routed_pct_of_peak;
     if (w.counts) x["counts"] = counts_json(*w.counts, 1, w.tokens, 16);
-    if (r.full.layers > 0) x["full"] = {{"layers", r.full.layers}, {"tokens_per_s", w.full_tokens_per_s}};
+    if (r.full.layers > 0) {
+      x["full"] = {{"layers", r.full.layers}, {"tokens_per_s", w.full_tokens_per_s}};
+      if (w.by_kind) x["full"]["by_kind"] = kinds_json(w.layer_ms, *w.by_kind);
+    }
     rows.push_back(x);
   }
   j["rows"] = rows;

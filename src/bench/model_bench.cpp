@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <random>
 #include <span>
 
@@ -32,6 +33,28 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The median time of each layer over `reps` runs of `pass` with the CUDA model's layer timing on
+// (empty on the CPU engine or when a pass timed no layer).
+std::vector<double> timed_layers(model::CudaModel* cuda, int64_t reps, const std::function<void()>& pass) {
+  if (!cuda) return {};
+  std::vector<std::vector<double>> runs;
+  cuda->set_layer_timing(true);
+  for (int64_t i = 0; i < reps; ++i) {
+    pass();
+    std::vector<double> t = cuda->layer_times_ms();
+    if (!t.empty()) runs.push_back(std::move(t));
+  }
+  cuda->set_layer_timing(false);
+  if (runs.empty()) return {};
+  std::vector<double> med(runs.front().size());
+  for (size_t L = 0; L < med.size(); ++L) {
+    std::vector<double> v;
+    for (const auto& r : runs) v.push_back(r[L]);
+    med[L] = median(v);
+  }
+  return med;
 }
 
 // The backend under test: the CUDA model, or the CPU reference engine (smoke tests, tiny models).
@@ -245,8 +268,9 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
   DSV_CHECK(o.spec_tokens == 0 || o.common.device == "cuda",
             "--spec-tokens: the speculation benchmark runs on --device cuda (CPU: tests/bench/bench_spec)");
   const int64_t spec_room = o.spec_tokens > 0 ? (o.warmup + o.steps + 2) * (o.spec_tokens + 1) : 0;
-  // Steps per sequence: warm-up, timed with and without the head, timed without CUDA graphs, profiled.
-  const int64_t room = max_ctx + std::max(o.warmup + 3 * o.steps + profiled + 2, spec_room);
+  // Steps per sequence: warm-up, timed with and without the head, timed in the other graph mode,
+  // timed layer by layer, profiled.
+  const int64_t room = max_ctx + std::max(o.warmup + 4 * o.steps + profiled + 2, spec_room);
 
   Backend be = load_backend(o.common, room, 0);
   const ModelConfig& cfg = be.config();
@@ -283,7 +307,8 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
       std::vector<std::unique_ptr<SeqState>> states;
       for (int64_t i = 0; i < batch; ++i)
         states.push_back(be.filled_sequence(context, o.common.seed * 1000003u + static_cast<uint64_t>(i)));
-      const std::vector<int32_t> toks = be.random_tokens(batch * (o.warmup + 3 * o.steps + profiled + 1), o.common.seed);
+      const std::vector<int32_t> toks =
+          be.random_tokens(batch * (o.warmup + 4 * o.steps + profiled + 1), o.common.seed);
       size_t next_tok = 0;
       std::vector<std::vector<float>> logits(static_cast<size_t>(batch));
       auto step = [&](bool with_logits) {
@@ -342,6 +367,16 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
         const double head_ms = std::max(0.0, row.step_ms - row.step_ms_no_head);
         const double scale = static_cast<double>(r.full.layers) / L;
         row.full_step_ms = row.ms_per_layer * static_cast<double>(r.full.layers) + head_ms;
+        if (r.full.from_config) {  // each layer timed, then the full model's layers by kind
+          row.layer_ms = timed_layers(be.cuda.get(), o.steps, [&] { step(false); });
+          double sum = 0;
+          for (double t : row.layer_ms) sum += t;
+          if (sum > 0) {
+            for (double& t : row.layer_ms) t *= row.step_ms_no_head / sum;
+            row.by_kind = extrapolate_layers(cfg, row.layer_ms, r.full.cfg);
+            row.full_step_ms = row.by_kind->total_ms + head_ms;
+          }
+        }
         row.full_tokens_per_s = static_cast<double>(batch) * 1e3 / row.full_step_ms;
         TpProjection tp;
         if (r.full.from_config) {
@@ -443,7 +478,18 @@ PrefillReport run_prefill_bench(const PrefillOptions& o) {
     }
     spdlog::info("bench prefill: {} tokens in {:.3f} s ({:.1f} tokens/s), routed GEMM kernels {:.3f} s", n, row.seconds,
                  row.tokens_per_s, row.routed_gemm_s);
-    if (r.full.layers > 0) row.full_tokens_per_s = row.tokens_per_s * L / static_cast<double>(r.full.layers);
+    if (r.full.layers > 0) {
+      row.full_tokens_per_s = row.tokens_per_s * L / static_cast<double>(r.full.layers);
+      if (r.full.from_config) {  // one pass timed layer by layer: the full model's layers by kind
+        row.layer_ms = timed_layers(be.cuda.get(), 1, [&] { run(std::min(n, row.chunk), o.common.seed + 11); });
+        double sum = 0;
+        for (double t : row.layer_ms) sum += t;
+        if (sum > 0) {
+          row.by_kind = extrapolate_layers(cfg, row.layer_ms, r.full.cfg);
+          row.full_tokens_per_s = row.tokens_per_s * sum / row.by_kind->total_ms;
+        }
+      }
+    }
     r.rows.push_back(row);
   }
   return r;

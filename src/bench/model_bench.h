@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/bytes_floor.h"
+#include "bench/layer_extrapolation.h"
 #include "bench/kernel_profiler.h"
 #include "dsv41/config/model_config.h"
 
@@ -70,7 +71,11 @@ struct DecodeRow {
   double floor_ms = 0, roofline_pct = 0;
   std::optional<ProfileCounts> counts;  // per profiled step (divide by batch for per token)
   int64_t profiled_steps = 0;
-  // extrapolation (full.layers > 0)
+  // extrapolation (full.layers > 0): by layer kind when the layers were timed one by one (CUDA,
+  // --full-config; layer_ms: this model's layers a step, scaled to step_ms_no_head), else the
+  // average layer x full.layers
+  std::vector<double> layer_ms;
+  std::optional<LayerExtrapolation> by_kind;
   double full_step_ms = 0, full_floor_ms = 0, full_tokens_per_s = 0;
   TpProjection tp2;            // full model on two nodes (floor)
   double tp2_step_ms = 0, tp2_at_measured_ms = 0;
@@ -90,6 +95,9 @@ struct PrefillRow {
   double routed_gemm_s = 0;        // time of the routed-expert GEMM kernels (profiled runs)
   double routed_flops_per_s = 0, routed_pct_of_peak = 0;
   double full_tokens_per_s = 0;    // extrapolated to full.layers (0: none)
+  // by layer kind (one pass of up to `chunk` tokens timed layer by layer; layer_ms: its layers)
+  std::vector<double> layer_ms;
+  std::optional<LayerExtrapolation> by_kind;
 };
 
 struct DecodeReport {

@@ -180,7 +180,7 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
   for (int64_t L = 0; L < layers; ++L) {
     const GpuBlock& b = blocks[static_cast<size_t>(L)];
     // Each layer its own graph segment: the GPU runs the previous layer while this one is captured.
-    if (graph && L > 0) graph->split();
+    layer_boundary(graph, L);
     if (b.has_engram) {
       if (ph) phase(HostPhase::LayerIssue);
       stage_engram();
@@ -189,6 +189,7 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
     if (dspark) dspark_capture_tap(*this, L, n);
     block_forward(b, p, [&](const QuantizedInput& xq) { attention_batch(b, db, xq); });
   }
+  layer_boundary(graph, layers);
 
   if (ph) {  // the top-k host points inside the layers are their own phases
     phase(HostPhase::LayerIssue);

@@ -384,7 +384,7 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     const GpuBlock& b = blocks[static_cast<size_t>(L)];
     // Each layer its own graph segment: the GPU runs the previous layer while this one is captured.
-    if (graph && L > 0) graph->split();
+    layer_boundary(graph, L);
     if (b.has_engram) {
       if (ph) phase(HostPhase::LayerIssue);
       stage_engram();
@@ -403,6 +403,7 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
       dp.insert(dp.end(), pr.begin(), pr.end());
     }
   }
+  layer_boundary(graph, c.num_hidden_layers);
 
   if (ph) {  // the top-k host points inside the layers are their own phases
     phase(HostPhase::LayerIssue);

@@ -298,6 +298,11 @@ struct Impl {
   cudaEvent_t scores_ready = nullptr;     // an eager top-k host point's scores download (host_point_wait)
   std::array<cudaEvent_t, 2> score_slice_ready{};  // a later index-score slice's download, per buffer
   HostPhaseTimer host_phases;             // DSV41_HOST_PHASES=1: host time of steps and passes by phase
+  // Benchmark only (CudaModel::set_layer_timing): timing events at the layer boundaries of each
+  // pass, event i before layer i and event `layers` after the last (layer_boundary).
+  bool layer_timing = false;
+  std::vector<cudaEvent_t> layer_events;
+  std::vector<bool> layer_marked;
   std::shared_ptr<DsparkModel> dspark;  // null: no DSpark stages loaded (cuda_dspark.cpp)
   int64_t dspark_stages = 0;            // DSpark rings per sequence state
   StagedUploader* staging = nullptr;    // set while load() runs: weight uploads go through it
@@ -312,6 +317,12 @@ struct Impl {
   DeviceBuffer tp_zero_ids;  // [m] zeros: a combine of one slot per token (cuda_exl3.cpp)
 
   ~Impl();
+  // Layer boundary i of a pass (0: before the first layer). With layer timing on it records
+  // layer_events[i] outside any capture: a decode step in CUDA graphs ends its open segment there
+  // (launched, then a new one begins), so the event times the segments as they run. Otherwise,
+  // between layers, only the graph split of every layer's own segment.
+  void layer_boundary(StepGraphs* graph, int64_t i);
+  std::vector<double> layer_times_ms();
   // ---- loading (src/cuda_model/cuda_load.cpp) ----
   void load(const std::string& dir);
   // prefix empty: "layers.<layer>"; is_dspark: a DSpark stage (mtp.<s>: no compressor, indexer or

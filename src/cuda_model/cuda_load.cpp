@@ -74,6 +74,7 @@ Impl::~Impl() {
   graphs.reset();  // executables and any open capture go before their stream
   if (engram_uploaded) cudaEventDestroy(engram_uploaded);
   if (scores_ready) cudaEventDestroy(scores_ready);
+  for (cudaEvent_t e : layer_events) cudaEventDestroy(e);
   for (cudaEvent_t e : score_slice_ready)
     if (e) cudaEventDestroy(e);
   if (stream) cudaStreamDestroy(stream);

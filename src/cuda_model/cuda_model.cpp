@@ -66,6 +66,11 @@ void CudaModel::set_cuda_graphs(bool on) {
 bool CudaModel::cuda_graphs() const { return impl_->graphs_on; }
 bool CudaModel::cuda_graphs_available() const { return impl_->graphs != nullptr; }
 CudaGraphStats CudaModel::graph_stats() const { return impl_->graphs ? impl_->graphs->stats() : CudaGraphStats{}; }
+void CudaModel::set_layer_timing(bool on) {
+  impl_->layer_timing = on;
+  impl_->layer_marked.clear();
+}
+std::vector<double> CudaModel::layer_times_ms() { return impl_->layer_times_ms(); }
 
 void CudaModel::forward_sequence(SeqState& state, std::span<const int32_t> tokens, bool all_logits,
                                  std::vector<float>* logits, BlockDump* dump) {
@@ -107,6 +112,8 @@ void CudaModel::set_cuda_graphs(bool) { fail("CUDA model: built without CUDA"); 
 bool CudaModel::cuda_graphs() const { return false; }
 bool CudaModel::cuda_graphs_available() const { return false; }
 CudaGraphStats CudaModel::graph_stats() const { return {}; }
+void CudaModel::set_layer_timing(bool) { fail("CUDA model: built without CUDA"); }
+std::vector<double> CudaModel::layer_times_ms() { return {}; }
 CudaPathStats CudaModel::path_stats() const { return {}; }
 void CudaModel::forward_sequence(SeqState&, std::span<const int32_t>, bool, std::vector<float>*, BlockDump*) {
   fail("CUDA model: built without CUDA");

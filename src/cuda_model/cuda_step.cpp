@@ -58,5 +58,43 @@ void Impl::host_point_resume() {
   if (graphs && graphs->in_step() && !graphs->capturing()) graphs->resume();
 }
 
+void Impl::layer_boundary(StepGraphs* graph, int64_t i) {
+  const int64_t layers = cfg.num_hidden_layers;
+  if (!layer_timing) {
+    if (graph && i > 0 && i < layers) graph->split();
+    return;
+  }
+  const bool in_graph = graph && graph->capturing();
+  if (in_graph) graph->pause();
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  gpu::check_cuda(cudaStreamIsCapturing(stream, &capturing), "layer timing: capture status");
+  if (capturing == cudaStreamCaptureStatusNone) {  // an outer capture (none today) is left untimed
+    if (layer_events.empty()) {
+      layer_events.resize(static_cast<size_t>(layers + 1));
+      for (cudaEvent_t& e : layer_events) gpu::check_cuda(cudaEventCreate(&e), "layer timing: event");
+    }
+    if (i == 0) layer_marked.assign(static_cast<size_t>(layers + 1), false);
+    gpu::check_cuda(cudaEventRecord(layer_events[static_cast<size_t>(i)], stream), "layer timing: record");
+    layer_marked[static_cast<size_t>(i)] = true;
+  }
+  if (in_graph) graph->resume();
+}
+
+std::vector<double> Impl::layer_times_ms() {
+  const int64_t layers = cfg.num_hidden_layers;
+  std::vector<double> ms;
+  if (layer_marked.size() != static_cast<size_t>(layers + 1)) return ms;
+  for (bool m : layer_marked)
+    if (!m) return ms;
+  gpu::check_cuda(cudaEventSynchronize(layer_events.back()), "layer timing: wait");
+  for (int64_t L = 0; L < layers; ++L) {
+    float t = 0.0f;
+    const size_t i = static_cast<size_t>(L);
+    gpu::check_cuda(cudaEventElapsedTime(&t, layer_events[i], layer_events[i + 1]), "layer timing: elapsed");
+    ms.push_back(t);
+  }
+  return ms;
+}
+
 }  // namespace dsv41::model::cuda
 #endif

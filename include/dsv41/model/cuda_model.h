@@ -231,6 +231,11 @@ class CudaModel final : public Model {
   bool cuda_graphs_available() const;  // false under tensor parallelism
   // What the decode graphs did so far (all zero when they never ran).
   CudaGraphStats graph_stats() const;
+  // Benchmark only: time each layer of the following passes with events at the layer boundaries
+  // (a decode step in CUDA graphs then runs as one graph segment per layer, as without timing).
+  // layer_times_ms: the last pass's milliseconds per layer, empty when none was timed.
+  void set_layer_timing(bool on);
+  std::vector<double> layer_times_ms();
   CudaPathStats path_stats() const;
   int64_t max_context() const;
   // Benchmark only (`dsv41-serve bench`, src/cuda_model/cuda_bench_fill.cpp): makes `state` (from

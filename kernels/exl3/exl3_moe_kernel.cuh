@@ -33,29 +33,29 @@ struct SlotTable {
 };
 
 // Distinct selected experts in increasing id, then the shared expert; per-token routing weights
-// (0 where a token did not select the expert). Every block builds the same table.
+// (0 where a token did not select the expert). Every block builds the same table; only the slots
+// a routing can fill (m·topk routed + the shared one) are written.
 __device__ inline void build_slots(const cuda::MoeParams& p, SlotTable& st) {
   __shared__ uint32_t bits[32];
   __shared__ int before[32];
   const int tid = threadIdx.x;
-  if (tid < 32) bits[tid] = 0u;
-  for (int i = tid; i < kMoeMaxSlots * 8; i += kThreads) (&st.weight[0][0])[i] = 0.0f;
-  __syncthreads();
   const int nsel = p.m * p.topk;
+  if (tid < 32) bits[tid] = 0u;
+  for (int i = tid; i < (nsel + 1) * 8; i += kThreads) (&st.weight[0][0])[i] = 0.0f;
+  __syncthreads();
   for (int i = tid; i < nsel; i += kThreads) {
     const int e = p.topk_ids[i];
     if (e >= 0 && e < p.n_experts) atomicOr(&bits[e >> 5], 1u << (e & 31));
   }
   __syncthreads();
-  if (tid < 32) {
+  if (tid < 32) {  // lane w: the slots of word w's experts, in increasing id
     int c = 0;
     for (int j = 0; j < tid; ++j) c += __popc(bits[j]);
     before[tid] = c;
+    for (uint32_t w = bits[tid]; w; w &= w - 1u) st.expert[c++] = tid * 32 + __ffs(w) - 1;
   }
   __syncthreads();
   auto slot_of = [&](int e) { return before[e >> 5] + __popc(bits[e >> 5] & ((1u << (e & 31)) - 1u)); };
-  for (int e = tid; e < 32 * 32; e += kThreads)
-    if (bits[e >> 5] & (1u << (e & 31))) st.expert[slot_of(e)] = e;
   const int nrouted = before[31] + __popc(bits[31]);
   // top-k ids of one token are distinct, so each (slot, token) is written at most once.
   for (int i = tid; i < nsel; i += kThreads) {

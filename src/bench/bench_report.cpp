@@ -82,10 +82,11 @@ std::string kernel_lines(const ProfileCounts& c, double denom_ms, size_t top, co
 }  // namespace
 
 // The layer-by-layer times and the full model's layers by kind (LayerExtrapolation).
-std::string kind_lines(const std::vector<double>& layer_ms, const LayerExtrapolation& ex, const std::string& what) {
+std::string kind_lines(const std::vector<double>& layer_ms, double rest_ms, const LayerExtrapolation& ex,
+                       const std::string& what) {
   std::string s = "  " + what + ", this model's layers (ms):";
   for (double t : layer_ms) s += fmt::format(" {:.4f}", t);
-  s += "\n";
+  s += fmt::format("; the rest {:.4f}, kept\n", rest_ms);
   for (const KindEstimate& k : ex.kinds) {
     std::string from;
     for (int64_t i : k.measured) from += (from.empty() ? "" : ", ") + std::to_string(i);
@@ -96,12 +97,12 @@ std::string kind_lines(const std::vector<double>& layer_ms, const LayerExtrapola
   return s;
 }
 
-Json kinds_json(const std::vector<double>& layer_ms, const LayerExtrapolation& ex) {
+Json kinds_json(const std::vector<double>& layer_ms, double rest_ms, const LayerExtrapolation& ex) {
   Json kinds = Json::array();
   for (const KindEstimate& k : ex.kinds)
     kinds.push_back({{"kind", describe(k.kind)}, {"count", k.count}, {"ms", k.ms}, {"measured_layers", k.measured},
                      {"exact", k.exact}, {"plus_engram", k.plus_engram}});
-  return {{"layer_ms", layer_ms}, {"total_ms", ex.total_ms}, {"engram_ms", ex.engram_ms},
+  return {{"layer_ms", layer_ms}, {"rest_ms", rest_ms}, {"total_ms", ex.total_ms}, {"engram_ms", ex.engram_ms},
           {"engram_measured", ex.engram_measured}, {"kinds", kinds}};
 }
 
@@ -188,7 +189,7 @@ std::string format_decode(const DecodeReport& r) {
                        w.tp2_step_ms, w.tp2_at_measured_ms, static_cast<double>(w.batch) * 1e3 / w.tp2_at_measured_ms);
     for (const DecodeRow& w : r.rows)
       if (w.by_kind)
-        s += kind_lines(w.layer_ms, *w.by_kind, fmt::format("batch {} context {}", w.batch, w.context));
+        s += kind_lines(w.layer_ms, w.rest_ms, *w.by_kind, fmt::format("batch {} context {}", w.batch, w.context));
   }
   return s;
 }
@@ -249,7 +250,7 @@ std::string decode_json(const DecodeReport& r) {
                      {"node_bandwidth", o.tp.node_bandwidth},
                      {"link_bandwidth", o.tp.link_bandwidth},
                      {"allreduce_latency_s", o.tp.latency_s}}}};
-      if (w.by_kind) x["full"]["by_kind"] = kinds_json(w.layer_ms, *w.by_kind);
+      if (w.by_kind) x["full"]["by_kind"] = kinds_json(w.layer_ms, w.rest_ms, *w.by_kind);
     }
     rows.push_back(x);
   }
@@ -284,7 +285,8 @@ std::string format_prefill(const PrefillReport& r) {
       s += fmt::format("extrapolated to {} layers: {} tokens at {:.1f} tokens/s\n", r.full.layers, w.tokens,
                        w.full_tokens_per_s);
       if (w.by_kind)
-        s += kind_lines(w.layer_ms, *w.by_kind, fmt::format("one {}-token pass", std::min(w.tokens, w.chunk)));
+        s += kind_lines(w.layer_ms, w.rest_ms, *w.by_kind,
+                        fmt::format("one {}-token pass", std::min(w.tokens, w.chunk)));
     }
   return s;
 }
@@ -313,7 +315,7 @@ std::string prefill_json(const PrefillReport& r) {
     if (w.counts) x["counts"] = counts_json(*w.counts, 1, w.tokens, 16);
     if (r.full.layers > 0) {
       x["full"] = {{"layers", r.full.layers}, {"tokens_per_s", w.full_tokens_per_s}};
-      if (w.by_kind) x["full"]["by_kind"] = kinds_json(w.layer_ms, *w.by_kind);
+      if (w.by_kind) x["full"]["by_kind"] = kinds_json(w.layer_ms, w.rest_ms, *w.by_kind);
     }
     rows.push_back(x);
   }

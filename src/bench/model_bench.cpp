@@ -368,13 +368,16 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
         const double scale = static_cast<double>(r.full.layers) / L;
         row.full_step_ms = row.ms_per_layer * static_cast<double>(r.full.layers) + head_ms;
         if (r.full.from_config) {  // each layer timed, then the full model's layers by kind
-          row.layer_ms = timed_layers(be.cuda.get(), o.steps, [&] { step(false); });
+          std::vector<double> walls;
+          row.layer_ms = timed_layers(be.cuda.get(), o.steps, [&] { walls.push_back(step(false)); });
           double sum = 0;
           for (double t : row.layer_ms) sum += t;
           if (sum > 0) {
-            for (double& t : row.layer_ms) t *= row.step_ms_no_head / sum;
+            // What the step spends outside its layers (embedding, uploads, launches) does not grow
+            // with the layer count.
+            row.rest_ms = std::max(0.0, median(walls) - sum);
             row.by_kind = extrapolate_layers(cfg, row.layer_ms, r.full.cfg);
-            row.full_step_ms = row.by_kind->total_ms + head_ms;
+            row.full_step_ms = row.by_kind->total_ms + row.rest_ms + head_ms;
           }
         }
         row.full_tokens_per_s = static_cast<double>(batch) * 1e3 / row.full_step_ms;
@@ -481,12 +484,16 @@ PrefillReport run_prefill_bench(const PrefillOptions& o) {
     if (r.full.layers > 0) {
       row.full_tokens_per_s = row.tokens_per_s * L / static_cast<double>(r.full.layers);
       if (r.full.from_config) {  // one pass timed layer by layer: the full model's layers by kind
-        row.layer_ms = timed_layers(be.cuda.get(), 1, [&] { run(std::min(n, row.chunk), o.common.seed + 11); });
+        double pass_ms = 0;
+        row.layer_ms =
+            timed_layers(be.cuda.get(), 1, [&] { pass_ms = 1e3 * run(std::min(n, row.chunk), o.common.seed + 11); });
         double sum = 0;
         for (double t : row.layer_ms) sum += t;
         if (sum > 0) {
+          // The pass's time outside its layers (embedding, the last row's head) stays as it is.
+          row.rest_ms = std::max(0.0, pass_ms - sum);
           row.by_kind = extrapolate_layers(cfg, row.layer_ms, r.full.cfg);
-          row.full_tokens_per_s = row.tokens_per_s * sum / row.by_kind->total_ms;
+          row.full_tokens_per_s = row.tokens_per_s * pass_ms / (row.by_kind->total_ms + row.rest_ms);
         }
       }
     }

@@ -72,9 +72,10 @@ struct DecodeRow {
   std::optional<ProfileCounts> counts;  // per profiled step (divide by batch for per token)
   int64_t profiled_steps = 0;
   // extrapolation (full.layers > 0): by layer kind when the layers were timed one by one (CUDA,
-  // --full-config; layer_ms: this model's layers a step, scaled to step_ms_no_head), else the
-  // average layer x full.layers
+  // --full-config; layer_ms: this model's layers a step without the head, rest_ms the rest of such
+  // a step, kept as it is), else the average layer x full.layers
   std::vector<double> layer_ms;
+  double rest_ms = 0;
   std::optional<LayerExtrapolation> by_kind;
   double full_step_ms = 0, full_floor_ms = 0, full_tokens_per_s = 0;
   TpProjection tp2;            // full model on two nodes (floor)
@@ -95,8 +96,10 @@ struct PrefillRow {
   double routed_gemm_s = 0;        // time of the routed-expert GEMM kernels (profiled runs)
   double routed_flops_per_s = 0, routed_pct_of_peak = 0;
   double full_tokens_per_s = 0;    // extrapolated to full.layers (0: none)
-  // by layer kind (one pass of up to `chunk` tokens timed layer by layer; layer_ms: its layers)
+  // by layer kind (one pass of up to `chunk` tokens timed layer by layer; layer_ms: its layers,
+  // rest_ms the rest of that pass)
   std::vector<double> layer_ms;
+  double rest_ms = 0;
   std::optional<LayerExtrapolation> by_kind;
 };
 

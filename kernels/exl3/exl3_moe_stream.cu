@@ -25,7 +25,8 @@ __global__ void __launch_bounds__(kThreads) moe_stream_stage_kernel(const MoeStr
   item -= mat * TOKS * nchunks;
   const int chunk = item / TOKS, r = item % TOKS;
   const cuda::Exl3Matrix& w = moe_matrix(a, st, mat);
-  if (w.k != k || w.n != a.s.w.n || w.bits != a.s.w.bits || w.codebook != a.s.w.codebook) __trap();  // not this kind
+  if (w.k != k || w.n != a.s.w.n || w.bits != a.s.w.bits || w.codebook != a.s.w.codebook)
+    __trap();  // not the kind the planner was told
   const XSource xs{p.x, static_cast<int>(p.x_type), 0, p.m, p.x_stride, p.x_cols, w.suh};
   float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (r < p.m) load4(xs, r, static_cast<int64_t>(chunk) * 128 + 4 * lane, v);
@@ -89,7 +90,7 @@ StreamLayout stream_layout(const MoeParams& p, const MoePlan& plan) {
   return l;
 }
 
-Exl3Matrix kind(int k, int n, int bits, int codebook) {
+Exl3Matrix matrix_kind(int k, int n, int bits, int codebook) {
   Exl3Matrix w;
   w.k = k;
   w.n = n;
@@ -139,15 +140,16 @@ cudaError_t launch_moe_stream(const MoeParams& p, const MoePlan& plan, cudaStrea
   dev::MoeStreamKernelFn fdn = moe_stream_fn(p.down_bits, p.down_codebook, plan.int8_dn);
   if (!fgu || !fdn) return cudaErrorInvalidValue;
 
-  dev::MoeStreamArgs gu = projection_args(p, 2, kind(p.hidden, p.inter, p.gate_up_bits, p.gate_up_codebook), ws,
-                                          l.x_gu, l.q_gu, l.part_gu, l.out_gu, l.xbytes_gu, ctr + l.ctr_gu, ctr + l.fin_gu);
+  dev::MoeStreamArgs gu =
+      projection_args(p, 2, matrix_kind(p.hidden, p.inter, p.gate_up_bits, p.gate_up_codebook), ws, l.x_gu, l.q_gu,
+                      l.part_gu, l.out_gu, l.xbytes_gu, ctr + l.ctr_gu, ctr + l.fin_gu);
   gu.next_x = ws + l.x_dn;
   gu.next_qstats = reinterpret_cast<float2*>(ws + l.q_dn);
   gu.next_int8 = plan.int8_dn;
   gu.next_x_bytes = l.xbytes_dn;
-  const dev::MoeStreamArgs dn = projection_args(p, 1, kind(p.inter, p.hidden, p.down_bits, p.down_codebook), ws,
-                                                l.x_dn, l.q_dn, l.part_dn, l.out_dn, l.xbytes_dn, ctr + l.ctr_dn,
-                                                ctr + l.fin_dn);
+  const dev::MoeStreamArgs dn =
+      projection_args(p, 1, matrix_kind(p.inter, p.hidden, p.down_bits, p.down_codebook), ws, l.x_dn, l.q_dn,
+                      l.part_dn, l.out_dn, l.xbytes_dn, ctr + l.ctr_dn, ctr + l.fin_dn);
 
   const size_t smem_gu = dev::stream_smem_bytes(p.gate_up_bits, plan.int8_gu);
   const size_t smem_dn = dev::stream_smem_bytes(p.down_bits, plan.int8_dn);
@@ -157,8 +159,9 @@ cudaError_t launch_moe_stream(const MoeParams& p, const MoePlan& plan, cudaStrea
   const int toks = plan.int8_gu ? 4 : 8;
   const unsigned stage_blocks =
       static_cast<unsigned>((toks * (p.hidden / 128) * 2 * plan.max_slots + dev::kWarps - 1) / dev::kWarps);
-  e = plan.int8_gu ? launch_pdl(dev::moe_stream_stage_kernel<true>, dim3(stage_blocks), dev::kThreads, 0, stream, gu)
-                   : launch_pdl(dev::moe_stream_stage_kernel<false>, dim3(stage_blocks), dev::kThreads, 0, stream, gu);
+  e = plan.int8_gu
+          ? launch_pdl(dev::moe_stream_stage_kernel<true>, dim3(stage_blocks), dev::kThreads, 0, stream, gu)
+          : launch_pdl(dev::moe_stream_stage_kernel<false>, dim3(stage_blocks), dev::kThreads, 0, stream, gu);
   if (e != cudaSuccess) return e;
   e = launch_pdl(fgu, dim3(plan.grid_gu), dev::kThreads, smem_gu, stream, gu);
   if (e != cudaSuccess) return e;

@@ -73,7 +73,8 @@ void Impl::layer_boundary(StepGraphs* graph, int64_t i) {
       layer_events.resize(static_cast<size_t>(layers + 1));
       for (cudaEvent_t& e : layer_events) gpu::check_cuda(cudaEventCreate(&e), "layer timing: event");
     }
-    if (i == 0) layer_marked.assign(static_cast<size_t>(layers + 1), false);
+    if (i == 0 || layer_marked.size() != static_cast<size_t>(layers + 1))
+      layer_marked.assign(static_cast<size_t>(layers + 1), false);
     gpu::check_cuda(cudaEventRecord(layer_events[static_cast<size_t>(i)], stream), "layer timing: record");
     layer_marked[static_cast<size_t>(i)] = true;
   }

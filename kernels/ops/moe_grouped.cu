@@ -45,27 +45,55 @@ constexpr int kKB = kBK / 32;                            // scale blocks per sta
 // Row strides of the staged tiles, padded so the warp's fragment loads hit distinct banks.
 constexpr int kAStride = kBK / 2 + 16;
 constexpr int kBStride = kBK + 32;
+// f16 rows are staged unpadded, their 16-byte chunks swizzled by the row's parity so that a quarter
+// warp's fragment reads (rows g, g+1 x 4 chunks) hit 32 distinct banks.
+constexpr int kB16Stride = 2 * kBK;
+__host__ __device__ constexpr int b16_chunk(int row, int chunk) { return chunk ^ ((row & 1) << 2); }
 static_assert(kRowsA == 4 * 32 && kThreads * 4 == kRowsA * (kBK / 2) / 16);
 
-// Tile shapes: BP pairs per tile (the N side), S pipeline stages, MinBlocks CTAs per SM (the
-// register cap of __launch_bounds__). Narrow tiles stage only the pairs a small pass has per
-// expert, so more CTAs (more warps to hide the widening's and the loads' latency) fit on an SM.
-template <int BP, int S, int MinBlocks>
+// Tile shapes: BP pairs per tile (the N side), S pipeline stages (S16 on the scaled path, whose B
+// stage is twice the bytes), MinBlocks CTAs per SM (the register cap of __launch_bounds__). Narrow
+// tiles stage only the pairs a small pass has per expert, so more CTAs (more warps to hide the
+// widening's and the loads' latency) fit on an SM.
+template <int BP, int S, int MinBlocks, int S16>
 struct TileShape {
-  static constexpr int kBP = BP, kStages = S, kMinBlocks = MinBlocks;
+  static constexpr int kBP = BP, kStages = S, kMinBlocks = MinBlocks, kStages16 = S16;
   static constexpr int kABytes = kRowsA * kAStride;
   static constexpr int kBBytes = BP * kBStride;
   static constexpr int kAsBytes = kRowsA * kKB;  // E8M0 weight scales
   static constexpr int kBsBytes = BP * kKB * 4;  // fp32 activation scales
   static constexpr int kStageBytes = kABytes + kBBytes + kAsBytes + kBsBytes;
-  static constexpr int kSmemBytes = S * kStageBytes + BP * 4;  // + the tile's pair ids
   static_assert(BP % 16 == 0 && BP <= kThreads / 2 && kABytes % 16 == 0 && kBBytes % 16 == 0 && kAsBytes % 16 == 0 &&
                 kStageBytes % 16 == 0);
 };
-using Wide = TileShape<64, 4, 2>;     // 88 KB: 2 CTAs per SM
-using Mid = TileShape<32, 4, 3>;      // 64 KB: 3 CTAs per SM
-using Narrow = TileShape<16, 4, 4>;   // 53 KB: 4 CTAs per SM
-using Narrow3 = TileShape<16, 3, 5>;  // 40 KB: 5 CTAs per SM
+// Shared memory, codes path / scaled path:
+using Wide = TileShape<64, 4, 2, 3>;     // 86 / 80 KiB: 2 CTAs per SM
+using Mid = TileShape<32, 4, 3, 3>;      // 64 / 56 KiB: 3 CTAs per SM
+using Narrow = TileShape<16, 4, 4, 4>;   // 53 / 58 KiB: 4 / 3 CTAs per SM
+using Narrow3 = TileShape<16, 3, 5, 3>;  // 40 / 43 KiB: 5 CTAs per SM
+
+// One pipeline stage in shared memory: A (FP4 weight rows), B (activation codes, or on the scaled
+// path the pairs' f16 rows: twice the bytes), the weight scales and, on the codes path only, the
+// activation scales.
+template <class Sh, bool kR16>
+struct StageLayout {
+  static constexpr int kStages = kR16 ? Sh::kStages16 : Sh::kStages;
+  static constexpr int kBRow = kR16 ? kB16Stride : kBStride;
+  static constexpr int kB = Sh::kABytes, kAs = kB + Sh::kBP * kBRow, kBs = kAs + Sh::kAsBytes;
+  static constexpr int kBytes = kBs + (kR16 ? 0 : Sh::kBsBytes);
+  static constexpr int kPairs = kStages * kBytes;  // the tile's pair ids follow the stages
+  static constexpr int kSmem = kPairs + Sh::kBP * 4;
+  static_assert(kB % 16 == 0 && kAs % 16 == 0 && kBs % 16 == 0 && kBytes % 16 == 0);
+};
+
+// The scaled path's row exponents (MoeGroupedArgs::rows16): per token row of x, then per pair row
+// of the SwiGLU output; kRowUnscaled marks a row without an exact f16 form.
+constexpr int32_t kRowUnscaled = INT32_MIN;
+__host__ __device__ inline int32_t* rows16_info(const MoeGroupedArgs& a, bool gate_up) {
+  auto* base = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(a.rows16) +
+                                          moe_grouped_rows16_info_offset(a.n, a.top_k, a.w1.in, a.w1.out));
+  return gate_up ? base : base + a.n;
+}
 
 constexpr int kBucketThreads = 1024;  // one bucketing block; also the most experts a bank may have
 
@@ -171,11 +199,16 @@ __device__ __forceinline__ uint32_t e8m0_special_bytes(uint32_t w) {
 // branches, so the warp's independent MMA chains interleave). Columns past `rows` hold whatever
 // the staging buffers held: each output column depends only on its own inputs, and those columns
 // are never stored.
-template <bool kGateUp, class Sh, int NQ>
+//
+// kR16 (the scaled path): B is the pairs' f16 rows (x_scale · 2^c already in every value, c one
+// power of two per row, moe_rows16_kernel), so a block's tensor-core sum is d·x_scale·2^c exactly
+// and its fold one fma with w_scale; the epilogue divides the accumulator by 2^c. Every rounding
+// is the codes path's scaled by 2^c, so the bits are the same (outside fp32's subnormal range).
+template <bool kGateUp, class Sh, int NQ, bool kR16>
 __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem, const int32_t* s_pair, int e,
                                           int rows) {
-  constexpr int kBP = Sh::kBP, kStages = Sh::kStages, kStageBytes = Sh::kStageBytes;
-  constexpr int kABytes = Sh::kABytes, kBBytes = Sh::kBBytes, kAsBytes = Sh::kAsBytes;
+  using L = StageLayout<Sh, kR16>;
+  constexpr int kBP = Sh::kBP, kStages = L::kStages, kStageBytes = L::kBytes;
   static_assert(NQ * 8 <= kBP);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
   const Fp4Weight& wa = kGateUp ? a.w1 : a.w2;
@@ -184,6 +217,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
   const int64_t f0 = static_cast<int64_t>(blockIdx.x) * (kGateUp ? kRowsA / 2 : kRowsA);
   const uint8_t* xc = kGateUp ? a.x_codes : a.act_codes;
   const float* xsc = kGateUp ? a.x_scales : a.act_scales;
+  const uint16_t* x16 = static_cast<const uint16_t*>(a.rows16);
   const int64_t div = kGateUp ? a.top_k : 1;
 
   // Copy sources of this thread: weight rows (tid>>2)+32i (16-byte part tid&3), activation rows
@@ -210,34 +244,41 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
     const uint8_t* pk;
     weight_row(tid, pk, as_src, as_ok);
   }
-  constexpr int kBLoads = kBP / 16;  // 16 activation rows per pass of the 128 threads
-  const uint8_t* b_src[kBLoads];
-  bool b_ok[kBLoads];
+  // Codes: 16 activation rows per pass of the 128 threads (part tid&7); f16 rows: 8 (part tid&15).
+  constexpr int kRowsPerPass = kR16 ? 8 : 16, kParts = kThreads / kRowsPerPass;
+  constexpr int kBLoads = kBP / kRowsPerPass;
+  // Sources as 16-byte-chunk offsets from the row data (32 bits: registers are what limits the CTAs
+  // per SM; gpu::moe_grouped keeps rows x k below 2^34, so offsets below 2^31), -1 for rows past the
+  // tile's.
+  const uint4* b_base = reinterpret_cast<const uint4*>(kR16 ? static_cast<const void*>(x16) : static_cast<const void*>(xc));
+  uint32_t b_src[kBLoads];
 #pragma unroll
   for (int i = 0; i < kBLoads; ++i) {
-    const int j = (tid >> 3) + 16 * i;
-    b_ok[i] = j < rows;
-    b_src[i] = xc + (s_pair[j] / div) * in + (tid & 7) * 16;
+    const int j = tid / kParts + kRowsPerPass * i;
+    const int64_t r = s_pair[j] / div;
+    b_src[i] = j < rows ? static_cast<uint32_t>((r * in * (kR16 ? 2 : 1)) / 16 + tid % kParts) : 0xFFFFFFFFu;
   }
   const bool bs_ok = tid < rows;
   const float* bs_src = xsc + (s_pair[tid < kBP ? tid : 0] / div) * nb;
 
   auto load_stage = [&](int step, int buf) {
     uint8_t* sA = smem + buf * kStageBytes;
-    uint8_t* sB = sA + kABytes;
-    uint8_t* sAs = sB + kBBytes;
-    uint8_t* sBs = sAs + kAsBytes;
+    uint8_t* sB = sA + L::kB;
+    uint8_t* sAs = sA + L::kAs;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       dev::cp_async16_if<kCpOrder, dev::CpL2::B256>(sA + ((tid >> 2) + 32 * i) * kAStride + (tid & 3) * 16,
                                                     a_src[i] + step * (kBK / 2), a_ok[i]);
 #pragma unroll
     for (int i = 0; i < kBLoads; ++i)
-      if (b_ok[i])
-        dev::cp_async16<kCpOrder, dev::CpL2::B128>(sB + ((tid >> 3) + 16 * i) * kBStride + (tid & 7) * 16,
-                                                   b_src[i] + step * kBK);
+      if (b_src[i] != 0xFFFFFFFFu)
+        dev::cp_async16<kCpOrder, dev::CpL2::B128>(
+            sB + (tid / kParts + kRowsPerPass * i) * L::kBRow +
+                (kR16 ? b16_chunk(tid / kParts, tid % kParts) : tid % kParts) * 16,
+            b_base + b_src[i] + step * (kBK * (kR16 ? 2 : 1) / 16));
     dev::cp_async4_if<kCpOrder>(sAs + tid * kKB, as_src + step * kKB, as_ok);
-    if (bs_ok) dev::cp_async16<kCpOrder, dev::CpL2::B128>(sBs + tid * kKB * 4, bs_src + step * kKB);
+    if constexpr (!kR16)
+      if (bs_ok) dev::cp_async16<kCpOrder, dev::CpL2::B128>(sA + L::kBs + tid * kKB * 4, bs_src + step * kKB);
   };
 
   float acc[2][NQ][4];
@@ -282,17 +323,32 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
       }
 #pragma unroll
       for (int nt = 0; nt < NQ; ++nt) {
-        const uint2 bv = *reinterpret_cast<const uint2*>(sB + (nt * 8 + g) * kBStride + kb * 32 + tig * 8);
-        const tc::BlockB bf = tc::block_b(bv);
-        const float xs0 = sBs[(nt * 8 + 2 * tig) * kKB + kb], xs1 = sBs[(nt * 8 + 2 * tig + 1) * kKB + kb];
+        if constexpr (kR16) {
+          const uint4 bv =
+              *reinterpret_cast<const uint4*>(sB + (nt * 8 + g) * kB16Stride + b16_chunk(g, kb * 4 + tig) * 16);
+          const tc::BlockB bf = tc::block_b_f16(bv);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          float d[4];
-          tc::block_dot(d, af[mt], bf);
-          acc[mt][nt][0] = tc::fold_block(acc[mt][nt][0], d[0], xs0, ws[mt][0]);
-          acc[mt][nt][1] = tc::fold_block(acc[mt][nt][1], d[1], xs1, ws[mt][0]);
-          acc[mt][nt][2] = tc::fold_block(acc[mt][nt][2], d[2], xs0, ws[mt][1]);
-          acc[mt][nt][3] = tc::fold_block(acc[mt][nt][3], d[3], xs1, ws[mt][1]);
+          for (int mt = 0; mt < 2; ++mt) {
+            float d[4];
+            tc::block_dot(d, af[mt], bf);
+            acc[mt][nt][0] = tc::fold_block_scaled(acc[mt][nt][0], d[0], ws[mt][0]);
+            acc[mt][nt][1] = tc::fold_block_scaled(acc[mt][nt][1], d[1], ws[mt][0]);
+            acc[mt][nt][2] = tc::fold_block_scaled(acc[mt][nt][2], d[2], ws[mt][1]);
+            acc[mt][nt][3] = tc::fold_block_scaled(acc[mt][nt][3], d[3], ws[mt][1]);
+          }
+        } else {
+          const uint2 bv = *reinterpret_cast<const uint2*>(sB + (nt * 8 + g) * kBStride + kb * 32 + tig * 8);
+          const tc::BlockB bf = tc::block_b(bv);
+          const float xs0 = sBs[(nt * 8 + 2 * tig) * kKB + kb], xs1 = sBs[(nt * 8 + 2 * tig + 1) * kKB + kb];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            float d[4];
+            tc::block_dot(d, af[mt], bf);
+            acc[mt][nt][0] = tc::fold_block(acc[mt][nt][0], d[0], xs0, ws[mt][0]);
+            acc[mt][nt][1] = tc::fold_block(acc[mt][nt][1], d[1], xs1, ws[mt][0]);
+            acc[mt][nt][2] = tc::fold_block(acc[mt][nt][2], d[2], xs0, ws[mt][1]);
+            acc[mt][nt][3] = tc::fold_block(acc[mt][nt][3], d[3], xs1, ws[mt][1]);
+          }
         }
       }
     }
@@ -313,9 +369,9 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
     }
     const int buf = step % kStages;
     const uint8_t* sA = smem + buf * kStageBytes;
-    const uint8_t* sB = sA + kABytes;
-    const uint8_t* sAs = sB + kBBytes;
-    const float* sBs = reinterpret_cast<const float*>(sAs + kAsBytes);
+    const uint8_t* sB = sA + L::kB;
+    const uint8_t* sAs = sA + L::kAs;
+    const float* sBs = reinterpret_cast<const float*>(sA + L::kBs);  // codes path only
     uint32_t wsb[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -339,6 +395,13 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
       const int col = nt * 8 + 2 * tig + c;
       if (col >= rows) continue;
       const int64_t p = s_pair[col];
+      if constexpr (kR16) {  // back from the row's 2^c (exact: a power of two, 0 <= c <= 100)
+        const float unscale = __uint_as_float(static_cast<uint32_t>(127 - rows16_info(a, kGateUp)[p / div]) << 23);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) acc[mt][nt][2 * h + c] = __fmul_rn(acc[mt][nt][2 * h + c], unscale);
+      }
       if constexpr (kGateUp) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -372,7 +435,9 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
 // SwiGLU row into a.act. down: rows = w2 features f0..f0+127; output bf16 rows into a.y.
 // grid.x: feature tiles; grid.y: expert tiles (past *n_tiles: nothing to do). The tile's 8-pair
 // steps are rounded up to 1, 2, 4 or 8 (compile-time loop bounds), at most Sh::kBP / 8.
-template <bool kGateUp, class Sh>
+// With a.rows16 a projection is two launches over the same tiles: the scaled path (kR16) takes the
+// tiles whose rows all have an f16 form, the codes path the others; without it only the codes path.
+template <bool kGateUp, class Sh, bool kR16>
 __global__ void __launch_bounds__(kThreads, Sh::kMinBlocks) moe_gemm_kernel(const MoeGroupedArgs a, const SortView v) {
   constexpr int kBP = Sh::kBP;
   dev::pdl_enter();
@@ -381,17 +446,88 @@ __global__ void __launch_bounds__(kThreads, Sh::kMinBlocks) moe_gemm_kernel(cons
   if (tile >= *v.n_tiles) return;
   const int e = v.tile_expert[tile], r0 = v.tile_start[tile];
   const int rows = min(kBP, v.offs[e + 1] - r0);
-  int32_t* s_pair = reinterpret_cast<int32_t*>(smem + Sh::kStages * Sh::kStageBytes);
+  int32_t* s_pair = reinterpret_cast<int32_t*>(smem + StageLayout<Sh, kR16>::kPairs);
   const int tid = static_cast<int>(threadIdx.x);
   if (tid < kBP) s_pair[tid] = tid < rows ? v.perm[r0 + tid] : 0;
   __syncthreads();
+  if (a.rows16 != nullptr) {
+    const int32_t* info = rows16_info(a, kGateUp);
+    const bool scaled = tid >= rows || info[s_pair[tid] / (kGateUp ? a.top_k : 1)] != kRowUnscaled;
+    if ((__syncthreads_and(scaled) != 0) != kR16) return;
+  } else if constexpr (kR16) {
+    return;
+  }
   if (rows <= 8) {
-    gemm_tile<kGateUp, Sh, 1>(a, smem, s_pair, e, rows);
+    gemm_tile<kGateUp, Sh, 1, kR16>(a, smem, s_pair, e, rows);
   } else if (kBP == 16 || rows <= 16) {
-    gemm_tile<kGateUp, Sh, 2>(a, smem, s_pair, e, rows);
+    gemm_tile<kGateUp, Sh, 2, kR16>(a, smem, s_pair, e, rows);
   } else if constexpr (kBP >= 32) {
-    if (kBP == 32 || rows <= 32) gemm_tile<kGateUp, Sh, 4>(a, smem, s_pair, e, rows);
-    else if constexpr (kBP >= 64) gemm_tile<kGateUp, Sh, 8>(a, smem, s_pair, e, rows);
+    if (kBP == 32 || rows <= 32) gemm_tile<kGateUp, Sh, 4, kR16>(a, smem, s_pair, e, rows);
+    else if constexpr (kBP >= 64) gemm_tile<kGateUp, Sh, 8, kR16>(a, smem, s_pair, e, rows);
+  }
+}
+
+// ---- the scaled path's f16 rows ----
+// One warp per row of codes (k of them, with an fp32 scale per 32). The row gets c = 7 - e_max, e_max
+// the largest scale exponent among its blocks with a nonzero code, and is written as code ·
+// 2^(e_b + c) in f16 when that is exact for every value: every such block's scale a normal power of
+// two (ActQuant8's always are) with e_b + c in [-5, 7], so |value| lies in [2^-14, 448 · 2^7] (f16
+// normals; e4m3 has 4 significant bits). Otherwise (or for c outside 0..100) the row is marked
+// kRowUnscaled and its tiles take the codes path. Blocks of zero codes are zeros whatever their scale.
+constexpr int kRows16Warps = 8;
+__global__ void __launch_bounds__(32 * kRows16Warps) moe_rows16_kernel(const uint8_t* codes, const float* scales,
+                                                                        int64_t rows, int64_t k, uint16_t* out,
+                                                                        int32_t* info) {
+  dev::pdl_enter();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows16Warps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int64_t nb = k / 32;
+  const uint8_t* rc = codes + row * k;
+  const float* rs = scales + row * nb;
+  int e_max = -1000, e_min = 1000;
+  bool bad = false;
+  auto nonzero = [&](int64_t b) {
+    const uint4 c0 = *reinterpret_cast<const uint4*>(rc + b * 32), c1 = *reinterpret_cast<const uint4*>(rc + b * 32 + 16);
+    return ((c0.x | c0.y | c0.z | c0.w | c1.x | c1.y | c1.z | c1.w) & 0x7F7F7F7Fu) != 0;  // ±0 codes are zeros
+  };
+  for (int64_t b = lane; b < nb; b += 32) {
+    if (!nonzero(b)) continue;
+    const uint32_t bits = __float_as_uint(rs[b]);
+    const int ef = static_cast<int>(bits >> 23) & 0xFF;
+    if ((bits & 0x807FFFFFu) != 0 || ef == 0 || ef == 255) {
+      bad = true;
+      continue;
+    }
+    e_max = max(e_max, ef - 127);
+    e_min = min(e_min, ef - 127);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    e_max = max(e_max, __shfl_xor_sync(dev::kFull, e_max, o));
+    e_min = min(e_min, __shfl_xor_sync(dev::kFull, e_min, o));
+  }
+  bad = __any_sync(dev::kFull, bad);
+  const bool any_block = e_max >= e_min;
+  const int c = any_block ? 7 - e_max : 0;
+  const bool ok = !bad && c >= 0 && c <= 100 && (!any_block || e_max - e_min <= 12);
+  if (lane == 0) info[row] = ok ? c : kRowUnscaled;
+  if (!ok) return;
+  for (int64_t j = lane; j < k / 8; j += 32) {
+    // 2^(e_b + c) as f16; a block of zero codes may have any scale: its values are ±0 under 1.
+    const int ef = static_cast<int>(__float_as_uint(rs[j / 4]) >> 23) & 0xFF;
+    const int s = ef - 127 + c;
+    const __half m = s >= -5 && s <= 7 ? __ushort_as_half(static_cast<unsigned short>((s + 15) << 10)) : __float2half(1.0f);
+    const __half2 m2 = __halves2half2(m, m);
+    const uint2 cv = *reinterpret_cast<const uint2*>(rc + j * 8);
+    uint32_t h[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t pair = ((i < 2 ? cv.x : cv.y) >> (16 * (i & 1))) & 0xFFFFu;
+      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+      const __half2 v = __hmul2(__half2(raw), m2);  // exact: both are f16 values, the product an f16 normal
+      h[i] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+    *reinterpret_cast<uint4*>(out + row * k + j * 8) = make_uint4(h[0], h[1], h[2], h[3]);
   }
 }
 
@@ -405,15 +541,33 @@ __global__ void zero_skipped_rows_kernel(const int32_t* ids, int64_t pairs, int 
   }
 }
 
+// One projection's launches with tile shape Sh: with a.rows16, the f16 rows of its input first,
+// then the scaled path and the codes path over the same grid (each takes its own tiles).
+template <bool kGateUp, class Sh>
+cudaError_t moe_projection(const MoeGroupedArgs& a, const SortView& v, dim3 grid, cudaStream_t s) {
+  if (a.rows16 != nullptr) {
+    const int64_t rows = kGateUp ? a.n : a.n * a.top_k, k = kGateUp ? a.w1.in : a.w1.out;
+    launch_pdl(moe_rows16_kernel, static_cast<unsigned>((rows + kRows16Warps - 1) / kRows16Warps), 32 * kRows16Warps, 0, s,
+               kGateUp ? a.x_codes : a.act_codes, kGateUp ? a.x_scales : a.act_scales, rows, k,
+               static_cast<uint16_t*>(a.rows16), rows16_info(a, kGateUp));
+    cudaError_t err = allow_dynamic_smem<moe_gemm_kernel<kGateUp, Sh, true>>(StageLayout<Sh, true>::kSmem);
+    if (err != cudaSuccess) return err;
+    launch_pdl(moe_gemm_kernel<kGateUp, Sh, true>, grid, kThreads, StageLayout<Sh, true>::kSmem, s, a, v);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  cudaError_t err = allow_dynamic_smem<moe_gemm_kernel<kGateUp, Sh, false>>(StageLayout<Sh, false>::kSmem);
+  if (err != cudaSuccess) return err;
+  launch_pdl(moe_gemm_kernel<kGateUp, Sh, false>, grid, kThreads, StageLayout<Sh, false>::kSmem, s, a, v);
+  return cudaGetLastError();
+}
+
 // The two tiled matmuls and ActQuant8 between them, with tile shape Sh.
 template <class Sh>
 cudaError_t moe_gemms(const MoeGroupedArgs& a, const SortView& v, int64_t T, cudaStream_t s) {
   const int64_t pairs = a.n * a.top_k, dim = a.w1.in, inter = a.w1.out;
-  cudaError_t err = allow_dynamic_smem<moe_gemm_kernel<true, Sh>>(Sh::kSmemBytes);
-  if (err != cudaSuccess) return err;
   const dim3 grid_gu(static_cast<unsigned>((inter + kRowsA / 2 - 1) / (kRowsA / 2)), static_cast<unsigned>(T));
-  launch_pdl(moe_gemm_kernel<true, Sh>, grid_gu, kThreads, Sh::kSmemBytes, s, a, v);
-  err = cudaGetLastError();
+  cudaError_t err = moe_projection<true, Sh>(a, v, grid_gu, s);
   if (err != cudaSuccess) return err;
 
   ActQuantArgs q;
@@ -426,11 +580,8 @@ cudaError_t moe_gemms(const MoeGroupedArgs& a, const SortView& v, int64_t T, cud
   err = raw::act_quant8(q, s);
   if (err != cudaSuccess) return err;
 
-  err = allow_dynamic_smem<moe_gemm_kernel<false, Sh>>(Sh::kSmemBytes);
-  if (err != cudaSuccess) return err;
   const dim3 grid_down(static_cast<unsigned>((dim + kRowsA - 1) / kRowsA), static_cast<unsigned>(T));
-  launch_pdl(moe_gemm_kernel<false, Sh>, grid_down, kThreads, Sh::kSmemBytes, s, a, v);
-  return cudaGetLastError();
+  return moe_projection<false, Sh>(a, v, grid_down, s);
 }
 
 }  // namespace

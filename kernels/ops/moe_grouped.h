@@ -50,6 +50,15 @@ inline bool moe_grouped_supported(int64_t dim, int64_t inter) {
   return dim > 0 && inter > 0 && dim % kMoeGroupedKStep == 0 && inter % kMoeGroupedKStep == 0;
 }
 
+// The scaled path's scratch (MoeGroupedArgs::rows16): f16 rows of the larger input (x: n x dim, or
+// the SwiGLU codes: pairs x inter), 16-byte aligned, then an int32 row exponent per token and per pair.
+constexpr int64_t moe_grouped_rows16_info_offset(int64_t n, int64_t top_k, int64_t dim, int64_t inter) {
+  return (std::max(n * dim, n * top_k * inter) * 2 + 15) / 16 * 16;
+}
+constexpr int64_t moe_grouped_rows16_bytes(int64_t n, int64_t top_k, int64_t dim, int64_t inter) {
+  return moe_grouped_rows16_info_offset(n, top_k, dim, inter) + (n + n * top_k) * 4;
+}
+
 // Routed experts of n tokens with top_k slots each: pair p = t*top_k + s.
 //   act[p]  = bf16(SwiGLU_clamped(bf16(w1_e·x_t), bf16(w3_e·x_t)) · route_w[p])   (e = expert_ids[p])
 //   y[p]    = bf16(w2_e · ActQuant8(act[p]))
@@ -70,6 +79,11 @@ struct MoeGroupedArgs {
   int32_t* sort = nullptr;              // scratch of sort_ints int32 values
   int64_t sort_ints = 0;
   float* y = nullptr;  // [n*top_k][dim] routed outputs (bf16 values), pair order
+  // Optional scratch of moe_grouped_rows16_bytes(n, top_k, dim, inter) bytes, 16-byte aligned and
+  // apart from every other buffer: the scaled path (f16 input rows that carry their block scales, one
+  // fma per block fold instead of two operations; the same bits). Null: the codes path throughout.
+  void* rows16 = nullptr;
+  int64_t rows16_bytes = 0;
   // 0: the automatic tile shape; 1..4 force one (tests, bench; see moe_grouped_variant_tile_pairs).
   // A shape whose tile list does not fit sort_ints or the grid falls back to a wider one.
   int tile_variant = 0;

@@ -113,6 +113,17 @@ __device__ __forceinline__ BlockB block_b(uint2 col_g) {
   return b;
 }
 
+// From column g's 8 f16 values at element 8tig of the block (K 8tig .. 8tig+7, low half first): the
+// same registers block_b builds from codes.
+__device__ __forceinline__ BlockB block_b_f16(uint4 col_g) {
+  BlockB b;
+  b.r[0][0] = col_g.x;
+  b.r[0][1] = col_g.y;
+  b.r[1][0] = col_g.z;
+  b.r[1][1] = col_g.w;
+  return b;
+}
+
 // The block's code dots: d[0] (row g, column 2tig), d[1] (row g, column 2tig+1), d[2] / d[3] the
 // same for row g+8, each summed from zero over the block's 32 products.
 __device__ __forceinline__ void block_dot(float (&d)[4], const BlockA& a, const BlockB& b) {
@@ -125,6 +136,12 @@ __device__ __forceinline__ void block_dot(float (&d)[4], const BlockA& a, const 
 // two, so the product's rounding is the multiplication's).
 __device__ __forceinline__ float fold_block(float acc, float part, float x_scale, float w_scale) {
   return __fmaf_rn(__fmul_rn(part, x_scale), w_scale, acc);
+}
+
+// The same step when the B values already carry x_scale (times a power of two the caller removes at
+// the end): part is the block's sum times x_scale, exactly, so one fma rounds as fold_block does.
+__device__ __forceinline__ float fold_block_scaled(float acc, float part_scaled, float w_scale) {
+  return __fmaf_rn(part_scaled, w_scale, acc);
 }
 
 }  // namespace dsv41::ops::gpu::tc

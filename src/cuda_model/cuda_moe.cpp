@@ -76,6 +76,13 @@ bool Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& x
     g.sort = sc.moe_sort;
     g.sort_ints = sc.moe_sort_ints;
     g.y = sc.routed;
+    // The scaled path's f16 rows in eu, which only the per-pair path below uses (sized m·K·inter
+    // fp32 values; moe_grouped_rows16_bytes needs at most half of that plus the row exponents).
+    const int64_t eu_bytes = sc.m * K * inter * 4;
+    if (gpu::moe_grouped_rows16_bytes(n, K, dim, inter) <= eu_bytes) {
+      g.rows16 = sc.eu;
+      g.rows16_bytes = eu_bytes;
+    }
     gpu::moe_grouped(g, stream);
   } else {
     // gate and up projections: one grouped launch (same codes, expert ids and width), bit-identical

@@ -129,21 +129,23 @@ Pass make_pass(int64_t n, int64_t K, int64_t E, int64_t dim, uint64_t seed) {
 
 // Device buffers of one pass for both paths.
 struct Buffers {
-  DeviceBuffer x, x_codes, x_scales, ids, route, eg, eu, codes, scales, sort, y;
+  DeviceBuffer x, x_codes, x_scales, ids, route, eg, eu, codes, scales, sort, y, rows16;
   int64_t sort_ints = 0;
   Buffers(const Pass& p, int64_t dim, int64_t inter, int64_t E, bool exact_path, int64_t sort_ints_)
       : x(DeviceBuffer::from(p.x)), x_codes(static_cast<size_t>(p.n * dim)), x_scales(static_cast<size_t>(p.n * dim / 32) * 4),
         ids(DeviceBuffer::from(p.ids)), route(DeviceBuffer::from(p.route)),
         eg(static_cast<size_t>(p.pairs * inter) * 4), eu(exact_path ? static_cast<size_t>(p.pairs * inter) * 4 : 4),
         codes(static_cast<size_t>(p.pairs * inter)), scales(static_cast<size_t>(p.pairs * inter / 32) * 4),
-        sort(static_cast<size_t>(sort_ints_) * 4), y(static_cast<size_t>(p.pairs * dim) * 4), sort_ints(sort_ints_) {
+        sort(static_cast<size_t>(sort_ints_) * 4), y(static_cast<size_t>(p.pairs * dim) * 4),
+        rows16(static_cast<size_t>(gpu::moe_grouped_rows16_bytes(p.n, p.pairs / p.n, dim, inter))), sort_ints(sort_ints_) {
     gpu::ActQuantArgs q{x.as<float>(), p.n, dim, dim, x_codes.as<uint8_t>(), x_scales.as<float>()};
     gpu::act_quant8(q, nullptr);
   }
 };
 
+// scaled: with the f16 row scratch (the engine's default), else the codes path throughout.
 void run_grouped(const Bank& w1, const Bank& w3, const Bank& w2, const Pass& p, Buffers& b, float limit, int64_t K,
-                 int variant = 0) {
+                 int variant = 0, bool scaled = true) {
   gpu::MoeGroupedArgs a;
   a.w1 = w1.weight();
   a.w3 = w3.weight();
@@ -162,6 +164,10 @@ void run_grouped(const Bank& w1, const Bank& w3, const Bank& w2, const Pass& p, 
   a.sort_ints = b.sort_ints;
   a.y = b.y.as<float>();
   a.tile_variant = variant;
+  if (scaled) {
+    a.rows16 = b.rows16.get();
+    a.rows16_bytes = static_cast<int64_t>(b.rows16.bytes());
+  }
   gpu::moe_grouped(a, nullptr);
 }
 
@@ -328,6 +334,24 @@ int main(int argc, char** argv) {
         g_failed = true;
       }
     if (n == 256) check_cpu(w1, w3, w2, p, yg, c, 4);
+    // The codes path throughout (no f16 rows): the same bits, and how much the scaled path gains.
+    const double tc = test::time_us([&] { run_grouped(w1, w3, w2, p, b, limit, K, 0, false); }, reps);
+    ck(cudaDeviceSynchronize(), "grouped codes path");
+    if (std::memcmp(download(b.y, static_cast<size_t>(p.pairs * dim)).data(), yg.data(), yg.size() * 4) != 0) {
+      std::printf("check: the codes path differs from the scaled path at %lld tokens  FAILED\n", static_cast<long long>(n));
+      g_failed = true;
+    }
+    row("codes", tc);
+    std::printf("\n");
+    {  // rows the last scaled run (the codes path leaves the scratch alone) took that path
+      const int64_t off = gpu::moe_grouped_rows16_info_offset(p.n, K, dim, inter);
+      const std::vector<int32_t> info = b.rows16.to_host<int32_t>(static_cast<size_t>(p.n + p.pairs), static_cast<size_t>(off / 4));
+      auto scaled = [&](int64_t from, int64_t count) {
+        return std::count_if(info.begin() + from, info.begin() + from + count, [](int32_t c) { return c != INT32_MIN; });
+      };
+      std::printf("  scaled path: %lld of %lld token rows, %lld of %lld pair rows\n", static_cast<long long>(scaled(0, p.n)),
+                  static_cast<long long>(p.n), static_cast<long long>(scaled(p.n, p.pairs)), static_cast<long long>(p.pairs));
+    }
     char auto_name[16];
     std::snprintf(auto_name, sizeof auto_name, "a=%s", names[auto_variant]);
     const double tf = row(auto_name, tg);

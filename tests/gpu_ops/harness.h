@@ -100,6 +100,11 @@ class Guarded {
     buf_.download(v.data(), v.size() * sizeof(T), kGuard);
     return v;
   }
+  // Poisons the payload again (the guards stay), so that a later launch must write every element.
+  void poison(uint8_t value = 0xFF) {
+    const std::vector<uint8_t> fill(bytes_, value);
+    buf_.upload(fill.data(), fill.size(), kGuard);
+  }
   // True when both guard zones are intact.
   bool guards_ok() const {
     std::vector<uint8_t> all(bytes_ + 2 * kGuard);

@@ -7,9 +7,11 @@
 // bank expert) must get exact zero rows while their SwiGLU rows stay untouched. Guard bytes catch
 // writes outside the outputs; two launches must agree bit for bit (the bucketing order is free).
 // Every tile shape (MoeGroupedArgs::tile_variant: 64, 32, 16 pairs, and 16 with 3 stages) must give
-// the same bits as the automatic one, over experts with 0, 1, 7, 8, 9, 17, 33, 64 and 65 pairs
+// the same bits as the automatic one, over experts with 0, 1, 7, 8, 9, 17, 33, 49, 64 and 65 pairs
 // (partial 8-pair steps, several tiles per expert), and with weight-scale bytes 0 (2^-127) and 255
-// (NaN), which take the kernel's general scale path instead of its exponent-field shortcut.
+// (NaN), which take the kernel's general scale path instead of its exponent-field shortcut. So must
+// the scaled path (MoeGroupedArgs::rows16: f16 rows that carry the activation scales), in every tile
+// shape, with token 0 made too wide in range for it so that its tiles take the codes path.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -96,7 +98,10 @@ void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n
   ASSERT_EQ(static_cast<int64_t>(ids.size()), pairs);
   std::vector<float> route(static_cast<size_t>(pairs));
   for (auto& r : route) r = rng.uniform(0.1f, 1.0f);
-  const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(n * dim));
+  std::vector<float> x = rng.bf16_vec(static_cast<size_t>(n * dim));
+  // Token 0's second block 2^-14 of its size: its block scales then span more than the scaled
+  // path's 2^12, so its tiles take the codes path while the other tokens' take the scaled one.
+  for (int64_t i = 32; i < 64 && i < dim; ++i) x[static_cast<size_t>(i)] = std::ldexp(x[static_cast<size_t>(i)], -14);
 
   // CPU reference: run_expert per pair (the routing weight scales the SwiGLU output), and the
   // SwiGLU rows themselves (run_expert's own steps) for the intermediate.
@@ -190,6 +195,28 @@ void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n
     expect_guards(shape + " act", act);
     expect_guards(shape + " y", y);
   }
+
+  // The scaled path (f16 rows that carry the block scales, MoeGroupedArgs::rows16) gives the same
+  // bits in every tile shape, its tiles split from the codes path's by their rows.
+  DeviceBuffer rows16(static_cast<size_t>(gpu::moe_grouped_rows16_bytes(n, K, dim, inter)));
+  a.rows16 = rows16.get();
+  a.rows16_bytes = static_cast<int64_t>(rows16.bytes());
+  for (int v = 0; v <= 4; ++v) {
+    a.tile_variant = v;
+    y.poison();
+    act.poison();
+    gpu::moe_grouped(a, nullptr);
+    sync_ok();
+    const std::string shape = what + " scaled path, tile shape " + std::to_string(v);
+    expect_equal(shape + " routed rows", y.host<float>(), got_y);
+    expect_equal(shape + " swiglu rows", act.host<float>(), got_act_all);
+    expect_guards(shape + " act", act);
+    expect_guards(shape + " y", y);
+  }
+  const std::vector<int32_t> info = rows16.to_host<int32_t>(
+      static_cast<size_t>(n + pairs), static_cast<size_t>(gpu::moe_grouped_rows16_info_offset(n, K, dim, inter) / 4));
+  EXPECT_EQ(info[0], INT32_MIN) << what << ": token 0's scales span 2^14, too wide for the scaled path";
+  if (n > 1) EXPECT_NE(info[1], INT32_MIN) << what << ": token 1 should take the scaled path";
 }
 
 TEST(GpuOps, MoeGroupedMatchesCpuExperts) {
@@ -210,7 +237,7 @@ TEST(GpuOps, MoeGroupedTileBoundaries) {
   c.hidden_size = 768;
   c.moe_intermediate_size = 640;
   const int64_t K = c.num_experts_per_tok;
-  const std::vector<int> counts = {1, 7, 8, 0, 9, 17, 33, 64, 65};
+  const std::vector<int> counts = {1, 7, 8, 0, 9, 17, 33, 49, 64, 65};
   const int64_t E = static_cast<int64_t>(counts.size());
   std::vector<int32_t> ids;
   for (int64_t e = 0; e < E; ++e) ids.insert(ids.end(), static_cast<size_t>(counts[e]), static_cast<int32_t>(e));

@@ -586,12 +586,14 @@ cudaError_t moe_gemms(const MoeGroupedArgs& a, const SortView& v, int64_t T, cud
 
 }  // namespace
 
-// H200, bench_gpu_moe_grouped at 384 experts, ms for all three projections (64 / 32 / 16-pair
-// tiles): 256 tokens 3.07 / 2.71 / 2.84, 1024 tokens 4.50 / 4.08 / 4.69, 2048 tokens 7.70 / 6.33 /
-// 8.14, 8192 tokens 22.86 / 21.23 / 28.32. 32-pair tiles lead at every size measured (16-pair tiles
-// split 9-32 pairs into tiles that each read the weights again; 64-pair tiles hold fewer CTAs per
-// SM), so the automatic choice is the 32-pair tile; the others stay for tests and the bench.
-int moe_grouped_auto_variant(int64_t /*pairs*/, int64_t /*n_experts*/) { return 2; }
+// H200, bench_gpu_moe_grouped at 384 experts, ms for all three projections on the scaled path
+// (64 / 32 / 16-pair tiles): 64 tokens 2.03 / 1.72 / 1.63, 128 tokens 2.78 / 2.34 / 2.23, 256 tokens
+// 3.19 / 2.68 / 2.57, 512 tokens 3.49 / 2.93 / 2.85, 1024 tokens 4.19 / 3.70 / 4.26, 2048 tokens
+// 6.65 / 5.70 / 7.45, 8192 tokens 19.8 / 18.6 / 26.1. Up to 8 pairs an expert 16-pair tiles lead
+// (a tile's weights are read once either way, and four CTAs fit an SM); from 16, 32-pair tiles (16-
+// pair tiles split an expert's pairs into tiles that each read its weights again; 64-pair tiles hold
+// fewer CTAs per SM). The others stay for tests and the bench.
+int moe_grouped_auto_variant(int64_t pairs, int64_t n_experts) { return pairs <= 8 * n_experts ? 3 : 2; }
 
 namespace raw {
 cudaError_t moe_grouped(const MoeGroupedArgs& a, cudaStream_t s) {

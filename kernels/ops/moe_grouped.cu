@@ -250,7 +250,8 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
   // Sources as 16-byte-chunk offsets from the row data (32 bits: registers are what limits the CTAs
   // per SM; gpu::moe_grouped keeps rows x k below 2^34, so offsets below 2^31), -1 for rows past the
   // tile's.
-  const uint4* b_base = reinterpret_cast<const uint4*>(kR16 ? static_cast<const void*>(x16) : static_cast<const void*>(xc));
+  const void* b_rows = kR16 ? static_cast<const void*>(x16) : static_cast<const void*>(xc);
+  const uint4* b_base = static_cast<const uint4*>(b_rows);
   uint32_t b_src[kBLoads];
 #pragma unroll
   for (int i = 0; i < kBLoads; ++i) {
@@ -488,7 +489,8 @@ __global__ void __launch_bounds__(32 * kRows16Warps) moe_rows16_kernel(const uin
   int e_max = -1000, e_min = 1000;
   bool bad = false;
   auto nonzero = [&](int64_t b) {
-    const uint4 c0 = *reinterpret_cast<const uint4*>(rc + b * 32), c1 = *reinterpret_cast<const uint4*>(rc + b * 32 + 16);
+    const uint4 c0 = *reinterpret_cast<const uint4*>(rc + b * 32);
+    const uint4 c1 = *reinterpret_cast<const uint4*>(rc + b * 32 + 16);
     return ((c0.x | c0.y | c0.z | c0.w | c1.x | c1.y | c1.z | c1.w) & 0x7F7F7F7Fu) != 0;  // ±0 codes are zeros
   };
   for (int64_t b = lane; b < nb; b += 32) {
@@ -516,7 +518,8 @@ __global__ void __launch_bounds__(32 * kRows16Warps) moe_rows16_kernel(const uin
     // 2^(e_b + c) as f16; a block of zero codes may have any scale: its values are ±0 under 1.
     const int ef = static_cast<int>(__float_as_uint(rs[j / 4]) >> 23) & 0xFF;
     const int s = ef - 127 + c;
-    const __half m = s >= -5 && s <= 7 ? __ushort_as_half(static_cast<unsigned short>((s + 15) << 10)) : __float2half(1.0f);
+    const __half m =
+        s >= -5 && s <= 7 ? __ushort_as_half(static_cast<unsigned short>((s + 15) << 10)) : __float2half(1.0f);
     const __half2 m2 = __halves2half2(m, m);
     const uint2 cv = *reinterpret_cast<const uint2*>(rc + j * 8);
     uint32_t h[4];
@@ -547,9 +550,9 @@ template <bool kGateUp, class Sh>
 cudaError_t moe_projection(const MoeGroupedArgs& a, const SortView& v, dim3 grid, cudaStream_t s) {
   if (a.rows16 != nullptr) {
     const int64_t rows = kGateUp ? a.n : a.n * a.top_k, k = kGateUp ? a.w1.in : a.w1.out;
-    launch_pdl(moe_rows16_kernel, static_cast<unsigned>((rows + kRows16Warps - 1) / kRows16Warps), 32 * kRows16Warps, 0, s,
-               kGateUp ? a.x_codes : a.act_codes, kGateUp ? a.x_scales : a.act_scales, rows, k,
-               static_cast<uint16_t*>(a.rows16), rows16_info(a, kGateUp));
+    const unsigned blocks = static_cast<unsigned>((rows + kRows16Warps - 1) / kRows16Warps);
+    launch_pdl(moe_rows16_kernel, blocks, 32 * kRows16Warps, 0, s, kGateUp ? a.x_codes : a.act_codes,
+               kGateUp ? a.x_scales : a.act_scales, rows, k, static_cast<uint16_t*>(a.rows16), rows16_info(a, kGateUp));
     cudaError_t err = allow_dynamic_smem<moe_gemm_kernel<kGateUp, Sh, true>>(StageLayout<Sh, true>::kSmem);
     if (err != cudaSuccess) return err;
     launch_pdl(moe_gemm_kernel<kGateUp, Sh, true>, grid, kThreads, StageLayout<Sh, true>::kSmem, s, a, v);

@@ -274,8 +274,8 @@ void moe_grouped(const MoeGroupedArgs& a, cudaStream_t s) {
     DSV_CHECK(a.sort_ints >= moe_grouped_sort_ints(pairs, E), "moe_grouped: sort scratch of {} ints, {} needed", a.sort_ints,
               moe_grouped_sort_ints(pairs, E));
     // The kernels address activation rows in 16-byte chunks with 32-bit offsets.
-    DSV_CHECK(std::max(a.n * dim, pairs * inter) < (int64_t{1} << 34), "moe_grouped: {} tokens x {} / {} pairs x {} exceed 2^34 values",
-              a.n, dim, pairs, inter);
+    DSV_CHECK(std::max(a.n * dim, pairs * inter) < (int64_t{1} << 34),
+              "moe_grouped: {} tokens x {} / {} pairs x {} exceed 2^34 values", a.n, dim, pairs, inter);
     const int64_t rows16_need = moe_grouped_rows16_bytes(a.n, a.top_k, dim, inter);
     DSV_CHECK(a.rows16 == nullptr || (aligned16(a.rows16) && a.rows16_bytes >= rows16_need),
               "moe_grouped: f16 row scratch of {} bytes, {} needed (16-byte aligned)", a.rows16_bytes, rows16_need);

@@ -345,7 +345,8 @@ int main(int argc, char** argv) {
     std::printf("\n");
     {  // rows the last scaled run (the codes path leaves the scratch alone) took that path
       const int64_t off = gpu::moe_grouped_rows16_info_offset(p.n, K, dim, inter);
-      const std::vector<int32_t> info = b.rows16.to_host<int32_t>(static_cast<size_t>(p.n + p.pairs), static_cast<size_t>(off / 4));
+      const std::vector<int32_t> info =
+          b.rows16.to_host<int32_t>(static_cast<size_t>(p.n + p.pairs), static_cast<size_t>(off / 4));
       auto scaled = [&](int64_t from, int64_t count) {
         return std::count_if(info.begin() + from, info.begin() + from + count, [](int32_t c) { return c != INT32_MIN; });
       };

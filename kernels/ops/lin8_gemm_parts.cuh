@@ -20,6 +20,9 @@ struct Lin8GemmParts {
   int64_t in = 0;
   const uint8_t* x_codes = nullptr;  // [rows][in]
   const float* x_scales = nullptr;   // [rows][in/32]
+  // The scaled path's f16 rows [rows][in] and row exponents [rows] (ops/scaled_rows.h), or null.
+  const uint16_t* x16 = nullptr;
+  const int32_t* x16_info = nullptr;
   int64_t rows = 0;
   bool round_bf16 = true;
 };

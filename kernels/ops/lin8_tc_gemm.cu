@@ -32,6 +32,7 @@
 #include "ops/lin8_gemm_parts.cuh"
 #include "ops/ops_common.cuh"
 #include "ops/pdl.cuh"
+#include "ops/scaled_rows.h"
 #include "ops/tc_block.cuh"
 
 namespace dsv41::ops::gpu {
@@ -41,14 +42,16 @@ constexpr int kMaxParts = kLinGroupMax;
 constexpr int kBK = 128;                   // K bytes (codes) per pipeline stage
 constexpr int kStageBlocks = kBK / 32;     // scale blocks per stage
 constexpr int kRowStride = kBK + 32;       // staged row pitch in bytes (bank-conflict padding)
+constexpr int kRow16Stride = 2 * kBK;      // scaled path: f16 rows, unpadded (tc::f16_row_chunk)
 constexpr int kMaxWsBytes = 16 * 1024;     // weight scales a CTA keeps (BM/32 rows x in/32 blocks)
 
 using TcArgs = Lin8GemmParts;
 
-// WM x WN warps of MT x NT MMA tiles, S stages, MinBlocks CTAs per SM (__launch_bounds__).
-template <int WM, int WN, int MT, int NT, int S, int MinBlocks>
+// WM x WN warps of MT x NT MMA tiles, S stages (S16 on the scaled path, whose B stage holds f16
+// rows: twice the bytes), MinBlocks CTAs per SM (__launch_bounds__).
+template <int WM, int WN, int MT, int NT, int S, int MinBlocks, int S16>
 struct TileShape {
-  static constexpr int kWN = WN, kMT = MT, kNT = NT, kStages = S, kMinBlocks = MinBlocks;
+  static constexpr int kWN = WN, kMT = MT, kNT = NT, kStages = S, kMinBlocks = MinBlocks, kStages16 = S16;
   static constexpr int kThreads = 32 * WM * WN;
   static constexpr int kBM = WM * MT * 16, kBN = WN * NT * 8;
   static constexpr int kABytes = kBM * kRowStride, kBBytes = kBN * kRowStride;
@@ -60,19 +63,33 @@ struct TileShape {
   static constexpr int kXsCopies = kStageBlocks * kBN / kThreads;
   static_assert(kBM % 32 == 0 && kAChunks * kThreads == kBM * (kBK / 16) && kBChunks * kThreads == kBN * (kBK / 16) &&
                 kXsCopies * kThreads == kStageBlocks * kBN && kStageBytes % 16 == 0);
-  static size_t smem_bytes(int64_t nb) { return kPipeBytes + static_cast<size_t>((kBM / 32 * nb + 15) / 16 * 16); }
+  // the scaled path: A, then the f16 rows (16-byte chunks: 16 a row per stage)
+  static constexpr int kStage16Bytes = kABytes + kBN * kRow16Stride;
+  static constexpr int kPipe16Bytes = S16 * kStage16Bytes;
+  static constexpr int kB16Chunks = kBN * (2 * kBK / 16) / kThreads;
+  static_assert(kB16Chunks * kThreads == kBN * (2 * kBK / 16) && kStage16Bytes % 16 == 0);
+  template <bool kR16>
+  static constexpr int pipe_bytes() { return kR16 ? kPipe16Bytes : kPipeBytes; }
+  template <bool kR16>
+  static size_t smem_bytes(int64_t nb) { return pipe_bytes<kR16>() + static_cast<size_t>((kBM / 32 * nb + 15) / 16 * 16); }
 };
-using BigTile = TileShape<2, 4, 4, 4, 4, 1>;    // 128 x 128, 8 warps of 64 x 32, 172 KB + scales: 1 CTA per SM
-using SmallTile = TileShape<2, 2, 2, 4, 4, 2>;  // 64 x 64, 4 warps of 32 x 32, 86 KB + scales: 2 CTAs per SM
+// Shared memory, codes path / scaled path (+ up to 16 KB of weight scales):
+using BigTile = TileShape<2, 4, 4, 4, 4, 1, 3>;    // 128 x 128, 8 warps of 64 x 32, 172 / 160 KB: 1 CTA per SM
+using SmallTile = TileShape<2, 2, 2, 4, 4, 2, 3>;  // 64 x 64, 4 warps of 32 x 32, 86 / 80 KB: 2 CTAs per SM
 
 // Staging copies (ops/cp_async.cuh): ordered by the pipeline's stage barriers alone; a copy that is
 // not `ok` zero-fills and reads nothing.
 constexpr dev::CpOrder kCpOrder = dev::CpOrder::Free;
 
-template <class T>
+// With a.x16 (the scaled path, ops/scaled_rows.h) a call is two launches over the same grid: kR16
+// takes the token tiles whose rows all have f16 rows (B = those rows, x_scale·2^c inside each value,
+// so a block's fold is one fma with w_scale and the epilogue divides by 2^c: the same bits), the
+// codes path the others. Without it, the codes path takes every tile.
+template <class T, bool kR16>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kernel(const TcArgs a) {
-  constexpr int kBM = T::kBM, kBN = T::kBN, kMT = T::kMT, kNT = T::kNT, kStages = T::kStages;
-  constexpr int kThreads = T::kThreads, kStageBytes = T::kStageBytes;
+  constexpr int kBM = T::kBM, kBN = T::kBN, kMT = T::kMT, kNT = T::kNT;
+  constexpr int kStages = kR16 ? T::kStages16 : T::kStages;
+  constexpr int kThreads = T::kThreads, kStageBytes = kR16 ? T::kStage16Bytes : T::kStageBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
   const int warp_m = warp / T::kWN, warp_n = warp % T::kWN;
@@ -80,7 +97,20 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
   const int64_t f0 = pv.col * kBM, m0 = static_cast<int64_t>(blockIdx.x) * kBN;
   const int64_t in = a.in, nb = in / 32, out = pv.out, rows = a.rows;
   const int n_steps = static_cast<int>((nb + kStageBlocks - 1) / kStageBlocks);
-  uint8_t* s_ws = smem + T::kPipeBytes;  // [kBM/32][nb] E8M0 bytes of the tile's rows
+  uint8_t* s_ws = smem + T::template pipe_bytes<kR16>();  // [kBM/32][nb] E8M0 bytes of the tile's rows
+  // Whether every row of this CTA's token tile has f16 rows (read after the wait: the conversion
+  // is the previous kernel).
+  auto tile_scaled = [&] {
+    const bool mine = tid >= kBN || m0 + tid >= rows || a.x16_info[m0 + tid] != kScaledRowUnscaled;
+    return __syncthreads_and(mine) != 0;
+  };
+  if constexpr (!kR16) {
+    // The codes path of a scaled call decides first, so that the tiles it leaves load nothing.
+    if (a.x16 != nullptr) {
+      dev::pdl_enter();
+      if (tile_scaled()) return;
+    }
+  }
 
   // Copy sources: chunk c = tid + i*kThreads is staged row c/8, bytes 16(c%8).. of the stage's K.
   const int part16 = (tid & 7) * 16;
@@ -111,14 +141,29 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
   for (int st = 0; st < kStages - 1; ++st)
     if (st < n_steps) load_a(st, st);
   dev::pdl_enter();
+  if constexpr (kR16) {
+    if (!tile_scaled()) {  // the codes path's tile: drop the weight copies issued above
+      dev::cp_async_commit<kCpOrder>();
+      dev::cp_async_wait<0, kCpOrder>();
+      return;
+    }
+  }
 
-  const uint8_t* b_src[T::kBChunks];
-  bool b_ok[T::kBChunks];
+  constexpr int kBChunks = kR16 ? T::kB16Chunks : T::kBChunks;
+  const uint8_t* b_src[kBChunks];
+  bool b_ok[kBChunks];
 #pragma unroll
-  for (int i = 0; i < T::kBChunks; ++i) {
-    const int64_t t = m0 + (tid >> 3) + i * (kThreads / 8);
-    b_ok[i] = t < rows;
-    b_src[i] = a.x_codes + (b_ok[i] ? t : 0) * in + part16;
+  for (int i = 0; i < kBChunks; ++i) {
+    if constexpr (kR16) {  // chunk c = tid + i*kThreads: token row c/16, 8 values (16 bytes) at 8(c%16)
+      const int c = tid + i * kThreads;
+      const int64_t t = m0 + c / 16;
+      b_ok[i] = t < rows;
+      b_src[i] = reinterpret_cast<const uint8_t*>(a.x16 + (b_ok[i] ? t : 0) * in + (c % 16) * 8);
+    } else {
+      const int64_t t = m0 + (tid >> 3) + i * (kThreads / 8);
+      b_ok[i] = t < rows;
+      b_src[i] = a.x_codes + (b_ok[i] ? t : 0) * in + part16;
+    }
   }
   // activation scale copy e = tid + i*kThreads: block e / kBN of the stage, token e % kBN
   const float* xs_src[T::kXsCopies];
@@ -132,20 +177,30 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
   }
   auto load_b = [&](int step, int buf) {
     uint8_t* sB = smem + buf * kStageBytes + T::kABytes;
-    float* sXs = reinterpret_cast<float*>(sB + T::kBBytes);
     const int64_t k = static_cast<int64_t>(step) * kBK;
-    const bool k_ok = k + part16 < in;
+    if constexpr (kR16) {
 #pragma unroll
-    for (int i = 0; i < T::kBChunks; ++i) {
-      const bool ok = b_ok[i] && k_ok;
-      dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sB + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16,
-                                                    ok ? b_src[i] + k : a.x_codes, ok);
-    }
+      for (int i = 0; i < kBChunks; ++i) {
+        const int c = tid + i * kThreads, row = c / 16, part = c % 16;
+        const bool ok = b_ok[i] && k + part * 8 < in;
+        dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sB + row * kRow16Stride + tc::f16_row_chunk(row, part) * 16,
+                                                      ok ? b_src[i] + 2 * k : b_src[i], ok);
+      }
+    } else {
+      float* sXs = reinterpret_cast<float*>(sB + T::kBBytes);
+      const bool k_ok = k + part16 < in;
 #pragma unroll
-    for (int i = 0; i < T::kXsCopies; ++i) {
-      const int e = tid + i * kThreads;
-      const bool ok = xs_ok[i] && static_cast<int64_t>(step) * kStageBlocks + e / kBN < nb;
-      dev::cp_async4_if<kCpOrder>(sXs + e, ok ? xs_src[i] + static_cast<int64_t>(step) * kStageBlocks : a.x_scales, ok);
+      for (int i = 0; i < kBChunks; ++i) {
+        const bool ok = b_ok[i] && k_ok;
+        dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sB + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16,
+                                                      ok ? b_src[i] + k : a.x_codes, ok);
+      }
+#pragma unroll
+      for (int i = 0; i < T::kXsCopies; ++i) {
+        const int e = tid + i * kThreads;
+        const bool ok = xs_ok[i] && static_cast<int64_t>(step) * kStageBlocks + e / kBN < nb;
+        dev::cp_async4_if<kCpOrder>(sXs + e, ok ? xs_src[i] + static_cast<int64_t>(step) * kStageBlocks : a.x_scales, ok);
+      }
     }
   };
   for (int st = 0; st < kStages - 1; ++st) {
@@ -190,18 +245,31 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
       }
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
-        const int t = tok_base + nt * 8;
-        const uint2 bv = *reinterpret_cast<const uint2*>(sB + (t + g) * kRowStride + kbl * 32 + tig * 8);
-        const tc::BlockB bf = tc::block_b(bv);
-        const float2 xs = *reinterpret_cast<const float2*>(sXs + kbl * kBN + t + 2 * tig);
+        const int t = tok_base + nt * 8;  // even: row t + g has g's parity
+        if constexpr (kR16) {
+          const uint4 bv =
+              *reinterpret_cast<const uint4*>(sB + (t + g) * kRow16Stride + tc::f16_row_chunk(g, kbl * 4 + tig) * 16);
+          const tc::BlockB bf = tc::block_b_f16(bv);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          float d[4];
-          tc::block_dot(d, af[mt], bf);
-          acc[mt][nt][0] = tc::fold_block(acc[mt][nt][0], d[0], xs.x, ws[mt]);
-          acc[mt][nt][1] = tc::fold_block(acc[mt][nt][1], d[1], xs.y, ws[mt]);
-          acc[mt][nt][2] = tc::fold_block(acc[mt][nt][2], d[2], xs.x, ws[mt]);
-          acc[mt][nt][3] = tc::fold_block(acc[mt][nt][3], d[3], xs.y, ws[mt]);
+          for (int mt = 0; mt < kMT; ++mt) {
+            float d[4];
+            tc::block_dot(d, af[mt], bf);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[mt][nt][i] = tc::fold_block_scaled(acc[mt][nt][i], d[i], ws[mt]);
+          }
+        } else {
+          const uint2 bv = *reinterpret_cast<const uint2*>(sB + (t + g) * kRowStride + kbl * 32 + tig * 8);
+          const tc::BlockB bf = tc::block_b(bv);
+          const float2 xs = *reinterpret_cast<const float2*>(sXs + kbl * kBN + t + 2 * tig);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            float d[4];
+            tc::block_dot(d, af[mt], bf);
+            acc[mt][nt][0] = tc::fold_block(acc[mt][nt][0], d[0], xs.x, ws[mt]);
+            acc[mt][nt][1] = tc::fold_block(acc[mt][nt][1], d[1], xs.y, ws[mt]);
+            acc[mt][nt][2] = tc::fold_block(acc[mt][nt][2], d[2], xs.x, ws[mt]);
+            acc[mt][nt][3] = tc::fold_block(acc[mt][nt][3], d[3], xs.y, ws[mt]);
+          }
         }
       }
     }
@@ -218,20 +286,42 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
         const int64_t f = f0 + row_base + mt * 16 + g + 8 * (i >> 1);
         const int64_t t = m0 + tok_base + nt * 8 + 2 * tig + (i & 1);
         if (f < out && t < rows) {
-          const float v = acc[mt][nt][i];
+          float v = acc[mt][nt][i];
+          // back from the row's 2^c (exact: a power of two, 0 <= c <= 100)
+          if constexpr (kR16) v = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - a.x16_info[t]) << 23));
           pv.y[t * pv.y_stride + f] = a.round_bf16 ? dev::bf16_round(v) : v;
         }
       }
 }
 
-template <class T>
+template <class T, bool kR16>
 cudaError_t launch_tile(TcArgs a, cudaStream_t s) {
   static std::atomic<uint64_t> configured{0};
-  cudaError_t e = allow_smem(lin8_tc_gemm_kernel<T>, T::kPipeBytes + kMaxWsBytes, configured);
+  cudaError_t e = allow_smem(lin8_tc_gemm_kernel<T, kR16>, T::template pipe_bytes<kR16>() + kMaxWsBytes, configured);
   if (e != cudaSuccess) return e;
   const int64_t cols = lin8_number_part_tiles(a, T::kBM), token_tiles = (a.rows + T::kBN - 1) / T::kBN;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(cols));
-  return launch_pdl(lin8_tc_gemm_kernel<T>, grid, dim3(T::kThreads), T::smem_bytes(a.in / 32), s, a);
+  return launch_pdl(lin8_tc_gemm_kernel<T, kR16>, grid, dim3(T::kThreads), T::template smem_bytes<kR16>(a.in / 32), s, a);
+}
+
+// The scaled path when the call brings enough scratch (Lin8Args::rows16): the input's f16 rows,
+// then its token tiles, then the codes path's; otherwise the codes path alone.
+template <class T>
+cudaError_t launch_call(TcArgs a, const Lin8Args& l, cudaStream_t s) {
+  const bool scaled = l.rows16 != nullptr && reinterpret_cast<uintptr_t>(l.rows16) % 16 == 0 &&
+                      l.rows16_bytes >= lin8_rows16_bytes(l.m, l.w.in) && l.m * l.w.in < (int64_t{1} << 34);
+  if (scaled) {
+    auto* base = static_cast<uint8_t*>(l.rows16);
+    a.x16 = reinterpret_cast<const uint16_t*>(base);
+    a.x16_info = reinterpret_cast<const int32_t*>(base + lin8_rows16_info_offset(l.m, l.w.in));
+    const ScaledRowsArgs r{l.x_codes, l.x_scales, l.m, l.w.in, reinterpret_cast<uint16_t*>(base),
+                           reinterpret_cast<int32_t*>(base + lin8_rows16_info_offset(l.m, l.w.in))};
+    cudaError_t e = raw::scaled_rows(r, s);
+    if (e != cudaSuccess) return e;
+    e = launch_tile<T, true>(a, s);
+    if (e != cudaSuccess) return e;
+  }
+  return launch_tile<T, false>(a, s);
 }
 
 // Time model (µs, H200, bench_gpu_linear --gemm): a launch, then waves of CTAs times the K stages,
@@ -292,7 +382,7 @@ cudaError_t lin8_tc_gemm(const Lin8GroupArgs& g, int tile, cudaStream_t s) {
   TcArgs a;
   fill_lin8_parts(a, g, kMaxParts);
   if (tile < 1 || tile > kLin8TcTiles) lin8_tc_gemm_us(g, &tile);
-  return tile == 1 ? launch_tile<BigTile>(a, s) : launch_tile<SmallTile>(a, s);
+  return tile == 1 ? launch_call<BigTile>(a, g.lin[0], s) : launch_call<SmallTile>(a, g.lin[0], s);
 }
 
 }  // namespace raw

@@ -31,8 +31,9 @@
 
 #include "ops/cp_async.cuh"
 #include "ops/moe_grouped.h"
-#include "ops/pdl.cuh"
 #include "ops/ops_common.cuh"
+#include "ops/pdl.cuh"
+#include "ops/scaled_rows.h"
 #include "ops/tc_block.cuh"
 
 namespace dsv41::ops::gpu {
@@ -45,10 +46,7 @@ constexpr int kKB = kBK / 32;                            // scale blocks per sta
 // Row strides of the staged tiles, padded so the warp's fragment loads hit distinct banks.
 constexpr int kAStride = kBK / 2 + 16;
 constexpr int kBStride = kBK + 32;
-// f16 rows are staged unpadded, their 16-byte chunks swizzled by the row's parity so that a quarter
-// warp's fragment reads (rows g, g+1 x 4 chunks) hit 32 distinct banks.
-constexpr int kB16Stride = 2 * kBK;
-__host__ __device__ constexpr int b16_chunk(int row, int chunk) { return chunk ^ ((row & 1) << 2); }
+constexpr int kB16Stride = 2 * kBK;  // f16 rows, unpadded (chunks swizzled: tc::f16_row_chunk)
 static_assert(kRowsA == 4 * 32 && kThreads * 4 == kRowsA * (kBK / 2) / 16);
 
 // Tile shapes: BP pairs per tile (the N side), S pipeline stages (S16 on the scaled path, whose B
@@ -86,9 +84,8 @@ struct StageLayout {
   static_assert(kB % 16 == 0 && kAs % 16 == 0 && kBs % 16 == 0 && kBytes % 16 == 0);
 };
 
-// The scaled path's row exponents (MoeGroupedArgs::rows16): per token row of x, then per pair row
-// of the SwiGLU output; kRowUnscaled marks a row without an exact f16 form.
-constexpr int32_t kRowUnscaled = INT32_MIN;
+// The scaled path's row exponents (MoeGroupedArgs::rows16, ops/scaled_rows.h): per token row of x,
+// then per pair row of the SwiGLU output.
 __host__ __device__ inline int32_t* rows16_info(const MoeGroupedArgs& a, bool gate_up) {
   auto* base = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(a.rows16) +
                                           moe_grouped_rows16_info_offset(a.n, a.top_k, a.w1.in, a.w1.out));
@@ -201,7 +198,7 @@ __device__ __forceinline__ uint32_t e8m0_special_bytes(uint32_t w) {
 // are never stored.
 //
 // kR16 (the scaled path): B is the pairs' f16 rows (x_scale · 2^c already in every value, c one
-// power of two per row, moe_rows16_kernel), so a block's tensor-core sum is d·x_scale·2^c exactly
+// power of two per row, ops/scaled_rows.h), so a block's tensor-core sum is d·x_scale·2^c exactly
 // and its fold one fma with w_scale; the epilogue divides the accumulator by 2^c. Every rounding
 // is the codes path's scaled by 2^c, so the bits are the same (outside fp32's subnormal range).
 template <bool kGateUp, class Sh, int NQ, bool kR16>
@@ -275,7 +272,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
       if (b_src[i] != 0xFFFFFFFFu)
         dev::cp_async16<kCpOrder, dev::CpL2::B128>(
             sB + (tid / kParts + kRowsPerPass * i) * L::kBRow +
-                (kR16 ? b16_chunk(tid / kParts, tid % kParts) : tid % kParts) * 16,
+                (kR16 ? tc::f16_row_chunk(tid / kParts, tid % kParts) : tid % kParts) * 16,
             b_base + b_src[i] + step * (kBK * (kR16 ? 2 : 1) / 16));
     dev::cp_async4_if<kCpOrder>(sAs + tid * kKB, as_src + step * kKB, as_ok);
     if constexpr (!kR16)
@@ -326,7 +323,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
       for (int nt = 0; nt < NQ; ++nt) {
         if constexpr (kR16) {
           const uint4 bv =
-              *reinterpret_cast<const uint4*>(sB + (nt * 8 + g) * kB16Stride + b16_chunk(g, kb * 4 + tig) * 16);
+              *reinterpret_cast<const uint4*>(sB + (nt * 8 + g) * kB16Stride + tc::f16_row_chunk(g, kb * 4 + tig) * 16);
           const tc::BlockB bf = tc::block_b_f16(bv);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
@@ -453,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, Sh::kMinBlocks) moe_gemm_kernel(cons
   __syncthreads();
   if (a.rows16 != nullptr) {
     const int32_t* info = rows16_info(a, kGateUp);
-    const bool scaled = tid >= rows || info[s_pair[tid] / (kGateUp ? a.top_k : 1)] != kRowUnscaled;
+    const bool scaled = tid >= rows || info[s_pair[tid] / (kGateUp ? a.top_k : 1)] != kScaledRowUnscaled;
     if ((__syncthreads_and(scaled) != 0) != kR16) return;
   } else if constexpr (kR16) {
     return;
@@ -465,72 +462,6 @@ __global__ void __launch_bounds__(kThreads, Sh::kMinBlocks) moe_gemm_kernel(cons
   } else if constexpr (kBP >= 32) {
     if (kBP == 32 || rows <= 32) gemm_tile<kGateUp, Sh, 4, kR16>(a, smem, s_pair, e, rows);
     else if constexpr (kBP >= 64) gemm_tile<kGateUp, Sh, 8, kR16>(a, smem, s_pair, e, rows);
-  }
-}
-
-// ---- the scaled path's f16 rows ----
-// One warp per row of codes (k of them, with an fp32 scale per 32). The row gets c = 7 - e_max, e_max
-// the largest scale exponent among its blocks with a nonzero code, and is written as code ·
-// 2^(e_b + c) in f16 when that is exact for every value: every such block's scale a normal power of
-// two (ActQuant8's always are) with e_b + c in [-5, 7], so |value| lies in [2^-14, 448 · 2^7] (f16
-// normals; e4m3 has 4 significant bits). Otherwise (or for c outside 0..100) the row is marked
-// kRowUnscaled and its tiles take the codes path. Blocks of zero codes are zeros whatever their scale.
-constexpr int kRows16Warps = 8;
-__global__ void __launch_bounds__(32 * kRows16Warps) moe_rows16_kernel(const uint8_t* codes, const float* scales,
-                                                                        int64_t rows, int64_t k, uint16_t* out,
-                                                                        int32_t* info) {
-  dev::pdl_enter();
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRows16Warps + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int64_t nb = k / 32;
-  const uint8_t* rc = codes + row * k;
-  const float* rs = scales + row * nb;
-  int e_max = -1000, e_min = 1000;
-  bool bad = false;
-  auto nonzero = [&](int64_t b) {
-    const uint4 c0 = *reinterpret_cast<const uint4*>(rc + b * 32);
-    const uint4 c1 = *reinterpret_cast<const uint4*>(rc + b * 32 + 16);
-    return ((c0.x | c0.y | c0.z | c0.w | c1.x | c1.y | c1.z | c1.w) & 0x7F7F7F7Fu) != 0;  // ±0 codes are zeros
-  };
-  for (int64_t b = lane; b < nb; b += 32) {
-    if (!nonzero(b)) continue;
-    const uint32_t bits = __float_as_uint(rs[b]);
-    const int ef = static_cast<int>(bits >> 23) & 0xFF;
-    if ((bits & 0x807FFFFFu) != 0 || ef == 0 || ef == 255) {
-      bad = true;
-      continue;
-    }
-    e_max = max(e_max, ef - 127);
-    e_min = min(e_min, ef - 127);
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    e_max = max(e_max, __shfl_xor_sync(dev::kFull, e_max, o));
-    e_min = min(e_min, __shfl_xor_sync(dev::kFull, e_min, o));
-  }
-  bad = __any_sync(dev::kFull, bad);
-  const bool any_block = e_max >= e_min;
-  const int c = any_block ? 7 - e_max : 0;
-  const bool ok = !bad && c >= 0 && c <= 100 && (!any_block || e_max - e_min <= 12);
-  if (lane == 0) info[row] = ok ? c : kRowUnscaled;
-  if (!ok) return;
-  for (int64_t j = lane; j < k / 8; j += 32) {
-    // 2^(e_b + c) as f16; a block of zero codes may have any scale: its values are ±0 under 1.
-    const int ef = static_cast<int>(__float_as_uint(rs[j / 4]) >> 23) & 0xFF;
-    const int s = ef - 127 + c;
-    const __half m =
-        s >= -5 && s <= 7 ? __ushort_as_half(static_cast<unsigned short>((s + 15) << 10)) : __float2half(1.0f);
-    const __half2 m2 = __halves2half2(m, m);
-    const uint2 cv = *reinterpret_cast<const uint2*>(rc + j * 8);
-    uint32_t h[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t pair = ((i < 2 ? cv.x : cv.y) >> (16 * (i & 1))) & 0xFFFFu;
-      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-      const __half2 v = __hmul2(__half2(raw), m2);  // exact: both are f16 values, the product an f16 normal
-      h[i] = *reinterpret_cast<const uint32_t*>(&v);
-    }
-    *reinterpret_cast<uint4*>(out + row * k + j * 8) = make_uint4(h[0], h[1], h[2], h[3]);
   }
 }
 
@@ -550,10 +481,11 @@ template <bool kGateUp, class Sh>
 cudaError_t moe_projection(const MoeGroupedArgs& a, const SortView& v, dim3 grid, cudaStream_t s) {
   if (a.rows16 != nullptr) {
     const int64_t rows = kGateUp ? a.n : a.n * a.top_k, k = kGateUp ? a.w1.in : a.w1.out;
-    const unsigned blocks = static_cast<unsigned>((rows + kRows16Warps - 1) / kRows16Warps);
-    launch_pdl(moe_rows16_kernel, blocks, 32 * kRows16Warps, 0, s, kGateUp ? a.x_codes : a.act_codes,
-               kGateUp ? a.x_scales : a.act_scales, rows, k, static_cast<uint16_t*>(a.rows16), rows16_info(a, kGateUp));
-    cudaError_t err = allow_dynamic_smem<moe_gemm_kernel<kGateUp, Sh, true>>(StageLayout<Sh, true>::kSmem);
+    const ScaledRowsArgs r{kGateUp ? a.x_codes : a.act_codes, kGateUp ? a.x_scales : a.act_scales, rows, k,
+                           static_cast<uint16_t*>(a.rows16), rows16_info(a, kGateUp)};
+    cudaError_t err = raw::scaled_rows(r, s);
+    if (err != cudaSuccess) return err;
+    err = allow_dynamic_smem<moe_gemm_kernel<kGateUp, Sh, true>>(StageLayout<Sh, true>::kSmem);
     if (err != cudaSuccess) return err;
     launch_pdl(moe_gemm_kernel<kGateUp, Sh, true>, grid, kThreads, StageLayout<Sh, true>::kSmem, s, a, v);
     err = cudaGetLastError();

@@ -94,7 +94,17 @@ struct Lin8Args {
   // (bit-identical always). false lets a kernel sum a block's exact products in the tensor core:
   // the same value unless the block's sum rounds in either order (kernels/ops/tc_block.cuh).
   bool exact_block_sums = false;
+  // Optional scratch for the tensor-core GEMM's scaled path (lin8_rows16_bytes(m, in) bytes or more,
+  // 16-byte aligned, apart from every other buffer; a group reads linear 0's): the input rows in f16
+  // with their block scales folded in (ops/scaled_rows.h), one fma per block fold; the same bits.
+  // Null or too small: the codes path.
+  void* rows16 = nullptr;
+  int64_t rows16_bytes = 0;
 };
+// Bytes of Lin8Args::rows16 for m rows of `in` codes: the f16 rows, 16-byte aligned, then an int32
+// row exponent per row.
+constexpr int64_t lin8_rows16_info_offset(int64_t m, int64_t in) { return (m * in * 2 + 15) / 16 * 16; }
+constexpr int64_t lin8_rows16_bytes(int64_t m, int64_t in) { return lin8_rows16_info_offset(m, in) + m * 4; }
 // Row r of y = Lin4(expert expert_ids[r], input row r / x_row_div): x_row_div = top_k runs the
 // gate/up projections of every (token, slot) pair, 1 the down projection of the pair rows.
 // expert_ids nullptr = expert 0 for every row; an id < 0 writes zeros.

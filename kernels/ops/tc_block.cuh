@@ -113,6 +113,11 @@ __device__ __forceinline__ BlockB block_b(uint2 col_g) {
   return b;
 }
 
+// Staged f16 rows (the scaled paths: 128 K values, 256 bytes a stage row) are unpadded, their 16-byte
+// chunks swizzled by the row's parity, so that a quarter warp's block_b_f16 reads (rows g, g+1 x 4
+// chunks) hit 32 distinct banks. Chunk `chunk` of row `row` is stored at this chunk index.
+__host__ __device__ constexpr int f16_row_chunk(int row, int chunk) { return chunk ^ ((row & 1) << 2); }
+
 // From column g's 8 f16 values at element 8tig of the block (K 8tig .. 8tig+7, low half first): the
 // same registers block_b builds from codes.
 __device__ __forceinline__ BlockB block_b_f16(uint4 col_g) {

@@ -161,6 +161,10 @@ struct Scratch {
   // (QuantizedInput), apart from `codes` so that they outlive the linears quantising elsewhere.
   uint8_t *x_codes = nullptr, *qr_codes = nullptr;
   float *x_scales = nullptr, *qr_scales = nullptr;
+  // The tensor-core Lin8 GEMM's scaled path (Lin8Args::rows16): a prefill linear's input rows in f16
+  // with their block scales, rows16_bytes of them (0 for an EXL3 checkpoint).
+  void* rows16 = nullptr;
+  int64_t rows16_bytes = 0;
   float *c_a = nullptr, *c_g = nullptr, *c_latent = nullptr, *c_work = nullptr;
   float *qi = nullptr, *iw = nullptr, *scores = nullptr;
   uint16_t* score_idx = nullptr;  // [score_slice_floats]: gpu::topk_replay's index scratch

@@ -546,8 +546,11 @@ void Impl::alloc_scratch() {
                                                                    cols * engram_row_bytes,
              "scratch plan: Engram rows of {} bytes", engram_row_bytes);
 
+  DSV_ASSERT(plan.rows16_bytes == (plan.rows16_in > 0 ? ops::gpu::lin8_rows16_bytes(m, plan.rows16_in) : 0),
+             "scratch plan: {} bytes of f16 rows", plan.rows16_bytes);
   Scratch& s = sc;
   s.m = m;
+  s.rows16_bytes = plan.rows16_bytes;
   s.logit_rows = plan.logit_rows;
   s.t_max = plan.t_max;
   s.score_slice_floats = plan.slicing.slice_floats();
@@ -566,7 +569,7 @@ void Impl::alloc_scratch() {
   bind(P::kKvBf16, s.kv_bf16), bind(P::kStaged, s.staged), bind(P::kQrCodes, s.qr_codes), bind(P::kQrScales, s.qr_scales);
   bind(P::kCA, s.c_a), bind(P::kCG, s.c_g), bind(P::kCLatent, s.c_latent), bind(P::kCWork, s.c_work), bind(P::kQi, s.qi);
   bind(P::kIw, s.iw), bind(P::kScores, s.scores), bind(P::kScoreIdx, s.score_idx), bind(P::kTopk, s.topk), bind(P::kList, s.list);
-  bind(P::kPoolA, s.pool_a), bind(P::kPoolB, s.pool_b), bind(P::kCandKeep, s.cand_keep);
+  bind(P::kPoolA, s.pool_a), bind(P::kPoolB, s.pool_b), bind(P::kCandKeep, s.cand_keep), bind(P::kRows16, s.rows16);
   bind(P::kBlockScores, s.block_scores), bind(P::kBlockIdx, s.block_idx), bind(P::kBlockSel, s.block_sel);
   bind(P::kIds, s.ids), bind(P::kRouteW, s.route_w), bind(P::kRouteScratch, s.route_scratch), bind(P::kEg, s.eg);
   bind(P::kEu, s.eu), bind(P::kRouted, s.routed), bind(P::kSg, s.sg), bind(P::kShared, s.shared);

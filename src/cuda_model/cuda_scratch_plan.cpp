@@ -69,6 +69,12 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
   // Engram layer for one pass, staged before the pass (Impl::engram_stage).
   const int64_t engram_row_bytes = c.engram_head_dim + (c.engram_head_dim + 31) / 32;
   p.engram_raw_bytes = static_cast<int64_t>(c.engram_layer_ids.size()) * m * cols * engram_row_bytes;
+  // The tensor-core Lin8 GEMM's f16 rows (ops::gpu::lin8_rows16_bytes, kernels/ops/ops_launch.h; the
+  // arena checks the two agree where CUDA is built) for the widest Lin8 input of a layer: x, the q
+  // latent, wo_b's groups, the shared expert's intermediate, the Engram row set. A wider call (DSpark's
+  // main_proj) takes the codes path. An EXL3 checkpoint has no Lin8 linears.
+  p.rows16_in = c.quant.method == "exl3" ? 0 : std::max({dim, qlr, GR, inter, edim});
+  p.rows16_bytes = p.rows16_in > 0 ? (m * p.rows16_in * 2 + 15) / 16 * 16 + m * 4 : 0;
   // gpu::moe_grouped_sort_ints(m * K, E) with 16-pair tiles (kernels/ops/moe_grouped.h; the arena
   // checks the two agree where CUDA is built): offsets, tile count, tile experts and starts, pairs.
   const int64_t pairs = m * K;
@@ -107,6 +113,9 @@ ScratchPlan plan_cuda_scratch(const ModelConfig& c, const ScratchPlanInputs& in)
       {P::kTopk, S::kCommon, m * tk * 4},
       // the candidate source's kept blocks, applied by the index layers after it (device masks)
       {P::kCandKeep, S::kCommon, m * ((p.cand_blocks + 31) / 32) * 4},  // gpu::keep_words per row
+      // a prefill Lin8 call's input in f16 rows (attention, shared expert, Engram wkv): as long as
+      // the call runs, in every phase
+      {P::kRows16, S::kCommon, p.rows16_bytes},
       // ---- attention: from the q latent to wo_b's output in y (DSpark stages the same); the host's
       // score reads and top-k writes go through pinned copies, in stream order ----
       {P::kQr, S::kAttention, m * qlr * f},

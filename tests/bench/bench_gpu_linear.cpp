@@ -14,7 +14,9 @@
 // Usage: bench_gpu_linear [--quick | --pairs | --gemm [M,M,...]]   (--quick: m = 1 only, fewer iterations;
 // --gemm: the Lin8 shapes at prefill sizes, the GEMM (kernels/ops/lin_gemm.cu, each CTA tile and the
 // automatic choice, and the tensor-core GEMM of kernels/ops/lin8_tc_gemm.cu, each tile and the
-// default dispatch) vs the GEMV kernel, in µs and TFLOP/s; --decode: the block-scaled linears at
+// default dispatch, on its codes path and its scaled path ("/s": Lin8Args::rows16, as the engine
+// calls it; checked bit for bit against the codes path)) vs the GEMV kernel, in µs and TFLOP/s;
+// --decode: the block-scaled linears at
 // m = 1, 2, 4)
 // --dense [decode|sweep]: the dense linears at decode sizes (m = 1, 2, 4) on the streaming kernel
 // (kernels/ops/dense_stream.cu) and on the older kernels ("sweep": also forced stream plans), then
@@ -296,6 +298,7 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
     const std::vector<float> x = bf16_values(static_cast<size_t>(m * in), m * 31 + in, 124, 6);
     QuantAct qa(x, m, in);
     DeviceBuffer y_gemv(static_cast<size_t>(m * out) * 4), y_gemm(static_cast<size_t>(m * out) * 4);
+    const DeviceBuffer rows16(static_cast<size_t>(gpu::lin8_rows16_bytes(m, in)));
     gpu::Lin8Args a;
     a.x_codes = qa.codes.as<uint8_t>();
     a.x_scales = qa.scales.as<float>();
@@ -381,12 +384,33 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
                   tc_bad ? "FAILED" : "ok", same, got.size(), worst);
       if (tc_bad) ++g_failures;
       static const char* const kTcNames[] = {"", "tc128x128", "tc64x64"};
-      line(tile < 3 ? kTcNames[tile] : "tc", time_calls(call, n_it));
+      const std::string tc_name = tile < 3 ? kTcNames[tile] : "tc";
+      line(tc_name, time_calls(call, n_it));
+      // the scaled path (Lin8Args::rows16, as the engine calls it): the same bits, timed
+      a.rows16 = rows16.get();
+      a.rows16_bytes = static_cast<int64_t>(rows16.bytes());
+      gpu::check_cuda(cudaMemset(y_gemm.get(), 0xFF, static_cast<size_t>(m * out) * 4), "poison");
+      call(0);
+      gpu::check_cuda(cudaDeviceSynchronize(), "lin8 tc gemm, scaled path");
+      const std::vector<float> scaled = y_gemm.to_host<float>(static_cast<size_t>(m * out));
+      const bool differ = std::memcmp(scaled.data(), got.data(), got.size() * 4) != 0;
+      std::printf("  check %-40s %s (the scaled path against the codes path, bit for bit)\n",
+                  ("lin8 tc tile " + std::to_string(tile) + " scaled " + name + " m=" + std::to_string(m)).c_str(),
+                  differ ? "FAILED" : "ok");
+      if (differ) ++g_failures;
+      line(tc_name + "/s", time_calls(call, n_it));
+      a.rows16 = nullptr;
+      a.rows16_bytes = 0;
     }
-    {  // the default dispatch of calls without exact_block_sums
+    {  // the default dispatch of calls without exact_block_sums, codes path then scaled path
       GemmMode mode(gpu::raw::kLin8GemmMinRows, 0);
       TcMode tc(gpu::raw::kLin8TcMinRows, 0);
       line("dispatch", time_calls(call, n_it));
+      a.rows16 = rows16.get();
+      a.rows16_bytes = static_cast<int64_t>(rows16.bytes());
+      line("dispatch/s", time_calls(call, n_it));
+      a.rows16 = nullptr;
+      a.rows16_bytes = 0;
     }
   }
 }

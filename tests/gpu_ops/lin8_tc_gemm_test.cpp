@@ -3,8 +3,9 @@
 // Lin8 when every block's exact sum needs at most 24 bits; (2) on full-range codes within a bound
 // derived from the summation error of the two ways of adding a block; (3) one output's bits do not
 // depend on the row count, the CTA tile, the token tile a row lands in or the other parts of a
-// group; (4) calls with exact_block_sums keep the sequential kernels, bit-identical to the CPU.
-// All four again on K of whole blocks that ends in a partial 128-byte stage after full ones.
+// group; (4) calls with exact_block_sums keep the sequential kernels, bit-identical to the CPU;
+// (5) the scaled path (f16 rows that carry the block scales) gives the same bits.
+// Each again on K of whole blocks that ends in a partial 128-byte stage after full ones.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "linear_inputs.h"
 #include "model/linears.h"
 #include "ops/lin8_tc_gemm.h"
+#include "ops/scaled_rows.h"
 #include "ops/lin_gemm.h"
 
 namespace dsv41::test {
@@ -108,9 +110,16 @@ gpu::Lin8GroupArgs group_args(const std::vector<const Weight*>& parts, const Qua
 
 // Runs lin8_group (or one lin8 per part when solo) over rows [r0, r0 + m) of the quantised input;
 // returns each part's [m][out] outputs (written into guarded, strided buffers that are checked).
+// rows16: the scaled path's scratch (Lin8Args::rows16), or none.
 std::vector<std::vector<float>> run(const std::string& what, const std::vector<const Weight*>& parts, const QuantAct& qa,
-                                    int64_t r0, int64_t m, bool round_bf16, bool exact, bool solo = false) {
+                                    int64_t r0, int64_t m, bool round_bf16, bool exact, bool solo = false,
+                                    const DeviceBuffer* rows16 = nullptr) {
   gpu::Lin8GroupArgs g = group_args(parts, qa, r0, m, round_bf16, exact);
+  if (rows16)
+    for (int p = 0; p < g.count; ++p) {
+      g.lin[p].rows16 = rows16->get();
+      g.lin[p].rows16_bytes = static_cast<int64_t>(rows16->bytes());
+    }
   std::vector<std::unique_ptr<Guarded>> ys;
   for (size_t p = 0; p < parts.size(); ++p) {
     const int64_t stride = parts[p]->out + 1 + static_cast<int64_t>(p);  // gaps that must stay untouched
@@ -303,6 +312,44 @@ TEST(GpuLin8TcGemm, BatchTileAndGroupInvariant) {
   invariance_case("ragged", 96, {70, 9}, 130);
   const ModelConfig& c = shape_sets()[0].cfg;
   invariance_case("real shared w1+w3", c.hidden_size, {c.moe_intermediate_size, c.moe_intermediate_size}, 160);
+}
+
+// (5) the scaled path (Lin8Args::rows16: the input as f16 rows that carry their block scales, one
+// fma per block fold) gives the codes path's bits on every tile, over several token tiles, a K that
+// ends in a partial stage, groups and solo calls, with row 3's block scales too far apart for it
+// (2^14): its token tile takes the codes path in the same call.
+void scaled_case(const std::string& tag, int64_t in, const std::vector<int64_t>& outs, int64_t m, bool round_bf16) {
+  const std::string what = describe(tag, in, outs, m) + (round_bf16 ? " bf16" : " f32") + " scaled";
+  SCOPED_TRACE(what);
+  Rng rng(static_cast<uint64_t>(in * 23 + m * 7 + outs[0]));
+  const WeightGroup wg = make_weight_group(rng, in, outs, false);
+  const std::vector<const Weight*>& parts = wg.parts;
+  std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
+  for (int64_t k = 32; k < 64 && k < in; ++k) x[static_cast<size_t>(3 * in + k)] = std::ldexp(x[static_cast<size_t>(3 * in + k)], -14);
+  QuantAct qa(x, m, in);
+  const DeviceBuffer rows16(static_cast<size_t>(gpu::lin8_rows16_bytes(m, in)));
+  for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
+    TcSettings tc(1, tile);
+    const std::string t = what + " tile " + std::to_string(tile);
+    const auto codes = run(t + " codes", parts, qa, 0, m, round_bf16, false);
+    const auto scaled = run(t, parts, qa, 0, m, round_bf16, false, false, &rows16);
+    const auto solo = run(t + " solo", parts, qa, 0, m, round_bf16, false, true, &rows16);
+    for (size_t p = 0; p < parts.size(); ++p) {
+      expect_equal(t + " part " + std::to_string(p) + " vs codes path", scaled[p], codes[p]);
+      expect_equal(t + " solo part " + std::to_string(p) + " vs codes path", solo[p], codes[p]);
+    }
+  }
+  const std::vector<int32_t> info =
+      rows16.to_host<int32_t>(static_cast<size_t>(m), static_cast<size_t>(gpu::lin8_rows16_info_offset(m, in) / 4));
+  if (in >= 64) EXPECT_EQ(info[3], gpu::kScaledRowUnscaled) << what << ": row 3's scales span 2^14";
+  EXPECT_NE(info[0], gpu::kScaledRowUnscaled) << what << ": row 0 should have f16 rows";
+}
+
+TEST(GpuLin8TcGemm, ScaledPathSameBits) {
+  scaled_case("ragged", 96, {70, 9}, 300, true);  // K of 3 blocks: one partial stage
+  scaled_case("ragged", 1280, {544, 1, 100}, 300, false);
+  const ModelConfig& c = shape_sets()[0].cfg;
+  scaled_case("real wo_b", c.o_groups * c.o_lora_rank, {c.hidden_size}, 200, true);
 }
 
 // (4) exact_block_sums keeps the sequential kernels (bit-identical to the CPU on full-range codes),

@@ -30,7 +30,7 @@ inline constexpr int kScratchPhases = 5;
 // and su back to back.
 enum class ScratchPiece {
   kH, kPre, kX, kY, kMixA, kMixF, kCodes, kActScales, kXCodes, kXScales, kTokens, kSlots, kEngramRaw,
-  kPositions, kMixCounters, kBatchPools, kTopk, kCandKeep,
+  kPositions, kMixCounters, kBatchPools, kTopk, kCandKeep, kRows16,
   kQr, kQ, kKv, kO, kZ, kKvBf16, kStaged, kQrCodes, kQrScales, kCA, kCG, kCLatent, kCWork, kQi, kIw,
   kScores, kScoreIdx, kBlockScores, kBlockIdx, kBlockSel, kList, kPoolA, kPoolB,
   kIds, kRouteW, kRouteScratch, kEg, kEu, kRouted, kSg, kShared, kMoeSort, kExl3Rows,
@@ -71,6 +71,8 @@ struct ScratchPlan {
   IndexScoreSlicing slicing;
   int64_t moe_sort_ints = 0;        // ints of the grouped MoE's bucketing (moe_grouped_sort_ints)
   int64_t engram_raw_bytes = 0;     // raw Engram rows of every Engram layer for one pass
+  int64_t rows16_in = 0;            // widest Lin8 input the f16 row scratch holds (0: none)
+  int64_t rows16_bytes = 0;         // that scratch: lin8_rows16_bytes(m, rows16_in)
   std::vector<ScratchPlanPiece> pieces;  // indexed by ScratchPiece
   std::array<int64_t, kScratchPhases> phase_bytes{};  // aligned bytes of each phase's pieces
   int64_t total = 0;     // the arena: common + the largest other phase

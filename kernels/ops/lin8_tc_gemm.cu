@@ -309,7 +309,7 @@ cudaError_t launch_tile(TcArgs a, cudaStream_t s) {
 template <class T>
 cudaError_t launch_call(TcArgs a, const Lin8Args& l, cudaStream_t s) {
   const bool scaled = l.rows16 != nullptr && reinterpret_cast<uintptr_t>(l.rows16) % 16 == 0 &&
-                      l.rows16_bytes >= lin8_rows16_bytes(l.m, l.w.in) && l.m * l.w.in < (int64_t{1} << 34);
+                      l.rows16_bytes >= lin8_rows16_bytes(l.m, l.w.in);
   if (scaled) {
     auto* base = static_cast<uint8_t*>(l.rows16);
     a.x16 = reinterpret_cast<const uint16_t*>(base);

@@ -24,6 +24,11 @@
 // vote per stage); otherwise the stage decodes them with e8m0_value (0 -> 2^-127, 255 -> NaN): the
 // same values either way. The tile shape changes no arithmetic: every output element is the same
 // sequence of operations on the same inputs whatever the tiling.
+//
+// Scaled path (MoeGroupedArgs::rows16). Each projection's input first becomes f16 rows that carry
+// their block scales (ops/scaled_rows.h); the tiles whose rows all converted read those rows as the
+// B operand (no cvt, no activation-scale loads) and fold a block with one fma, the others keep the
+// codes above, in a second launch over the same grid. Same bits (docs/ARCHITECTURE.md, Numerics).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 

@@ -19,7 +19,9 @@
 // Widening. Each warp widens the codes of its fragments (tc::block_a_fp8 / tc::block_b) at every
 // read. A variant that widened each staged stage once into fp16 rows shared by all warps (one more
 // barrier per stage, twice the shared-memory reads) measured 1.25-1.9x slower on H200 at every
-// real shape and row count (bench_gpu_linear --gemm).
+// real shape and row count (bench_gpu_linear --gemm). The scaled path (Lin8Args::rows16) has no
+// activation widening at all: a separate kernel writes the input once as f16 rows that carry their
+// block scales (ops/scaled_rows.h), read here as they are, with one fma per block fold.
 //
 // Grid: x = token tiles (fastest, so the CTAs that read one weight tile run together and the weight
 // comes from DRAM about once), y = weight-row tiles over the parts of a group numbered as if their

@@ -81,7 +81,7 @@ TEST(CudaScratchPlan, PhaseOfEachKindOfBuffer) {
   for (ScratchPiece id : {ScratchPiece::kH, ScratchPiece::kPre, ScratchPiece::kX, ScratchPiece::kY, ScratchPiece::kMixA,
                           ScratchPiece::kCodes, ScratchPiece::kXCodes, ScratchPiece::kSlots, ScratchPiece::kEngramRaw,
                           ScratchPiece::kPositions, ScratchPiece::kMixCounters, ScratchPiece::kBatchPools,
-                          ScratchPiece::kTopk, ScratchPiece::kCandKeep})
+                          ScratchPiece::kTopk, ScratchPiece::kCandKeep, ScratchPiece::kRows16})
     EXPECT_EQ(p.at(id).phase, ScratchPhase::kCommon) << static_cast<int>(id);
   for (ScratchPiece id : {ScratchPiece::kQ, ScratchPiece::kO, ScratchPiece::kScores, ScratchPiece::kScoreIdx,
                           ScratchPiece::kBlockScores, ScratchPiece::kBlockIdx, ScratchPiece::kBlockSel, ScratchPiece::kList})
@@ -127,6 +127,15 @@ TEST(CudaScratchPlan, PieceSizes) {
   EXPECT_EQ(ex.at(ScratchPiece::kExl3Rows).bytes, sl.xh_bytes + (4 * m * K + 4 * sl.max_tiles) * 4);
   EXPECT_EQ(ex.at(ScratchPiece::kExl3Rows).phase, ScratchPhase::kMoe);
   check_layout(ex, "exl3");
+  // The Lin8 GEMM's f16 rows (Lin8Args::rows16): m rows of the widest Lin8 input of a layer (wo_b's
+  // o_groups x o_lora_rank = 8192 in the release), 2 bytes a value, then a row exponent each; none
+  // for an EXL3 checkpoint, which has no Lin8 linears.
+  const int64_t widest = std::max({c.hidden_size, c.q_lora_rank, c.o_groups * c.o_lora_rank, c.moe_intermediate_size,
+                                   c.n_engram_columns() * c.engram_head_dim});
+  EXPECT_EQ(widest, 8192);
+  EXPECT_EQ(one.rows16_in, widest);
+  EXPECT_EQ(one.at(ScratchPiece::kRows16).bytes, (m * widest * 2 + 15) / 16 * 16 + m * 4);
+  EXPECT_EQ(ex.at(ScratchPiece::kRows16).bytes, 0);
   // At 2048-token passes the MoE phase stays below the attention phase, so the arena is as large.
   const ScratchPlan ex2048 = plan(x, 2048, 1 << 20), fp2048 = plan(c, 2048, 1 << 20);
   EXPECT_LE(ex2048.total, fp2048.total + fp2048.total / 50) << ex2048.total << " vs " << fp2048.total;

@@ -10,7 +10,9 @@
 //
 // Every pass also runs each tile shape of the grouped path (MoeGroupedArgs::tile_variant 1..4) and
 // checks that they agree bit for bit with the automatic one (every output element's arithmetic is
-// the same whatever the tiling).
+// the same whatever the tiling). The grouped runs take the scaled path (MoeGroupedArgs::rows16, as
+// the engine does); a "codes" row times the path without the f16 rows and checks the same bits, and
+// a line counts the rows that converted.
 //
 // Usage: bench_gpu_moe_grouped [tokens,tokens,...]   (default 1,16,64,256,512,1024,2048,8192;
 //                                                      allocates ~9 GB of device memory)

@@ -181,15 +181,17 @@ void Scheduler::drop(Sequence& s) {
 
 void Scheduler::finish(Sequence& s, FinishReason r, const std::string& err) {
   drop(s);
-  s.ch->finish(r, err);
-  std::lock_guard lk(mu_);
-  switch (r) {
-    case FinishReason::stop: ++stats_.finished_stop; break;
-    case FinishReason::length: ++stats_.finished_length; break;
-    case FinishReason::abort: ++stats_.finished_abort; break;
-    case FinishReason::error: ++stats_.finished_error; break;
-    case FinishReason::none: break;
+  {  // counted before the client wakes, so that metrics read after a response include it
+    std::lock_guard lk(mu_);
+    switch (r) {
+      case FinishReason::stop: ++stats_.finished_stop; break;
+      case FinishReason::length: ++stats_.finished_length; break;
+      case FinishReason::abort: ++stats_.finished_abort; break;
+      case FinishReason::error: ++stats_.finished_error; break;
+      case FinishReason::none: break;
+    }
   }
+  s.ch->finish(r, err);
 }
 
 // Gives a sequence room for `tokens` context tokens (whole blocks). With no state yet it is
@@ -337,16 +339,22 @@ bool Scheduler::step() {
   // 4. Sample where a sequence has consumed everything it had.
   const auto& cfg = model_.config();
   const size_t vocab = static_cast<size_t>(cfg.vocab_size);
-  int64_t new_tokens = 0, prompt_tokens = 0;
+  // Prompt tokens are counted before any token of this step reaches a client (deliver counts
+  // generated tokens one by one, before each push), so that metrics read after a response include it.
+  int64_t prompt_tokens = 0;
+  for (Sequence* s : members)
+    if (!s->verifying && s->n_generated == 0) prompt_tokens += s->chunk;
+  {
+    std::lock_guard lk(mu_);
+    stats_.prompt_tokens_total += prompt_tokens;
+  }
   std::vector<Sequence*> sampling;
   for (Sequence* s : members) {
     if (s->verifying) {
-      new_tokens += commit_verified(*s);
+      commit_verified(*s);
       continue;
     }
-    const bool first_pass = s->n_generated == 0;
     s->n_fed += s->chunk;
-    if (first_pass) prompt_tokens += s->chunk;
     if (s->n_fed < static_cast<int64_t>(s->tokens.size())) continue;
     if (s->device_pick >= 0)
       DSV_ASSERT(s->device_pick < static_cast<int64_t>(vocab), "forward picked token {}, vocab is {}", s->device_pick, vocab);
@@ -376,14 +384,11 @@ bool Scheduler::step() {
   else sample_rows(0, static_cast<int64_t>(sampling.size()));
   for (size_t i = 0; i < sampling.size(); ++i) {
     sampled[i].step = ++sampling[i]->steps;
-    ++new_tokens;
     deliver(*sampling[i], std::move(sampled[i]));
   }
   std::erase_if(running_, [](const auto& s) { return s->ch->finish_reason() != FinishReason::none; });
   {
     std::lock_guard lk(mu_);
-    stats_.prompt_tokens_total += prompt_tokens;
-    stats_.generation_tokens_total += new_tokens;
     ++stats_.iterations_total;
     stats_.iteration_tokens_total += step_tokens;
   }
@@ -394,6 +399,10 @@ bool Scheduler::step() {
 bool Scheduler::deliver(Sequence& s, SampledToken t) {
   const int32_t eos = static_cast<int32_t>(model_.config().eos_token_id);
   ++s.n_generated;
+  {
+    std::lock_guard lk(mu_);
+    ++stats_.generation_tokens_total;
+  }
   const bool is_eos = t.id == eos && !s.req.ignore_eos;
   const bool is_stop_id =
       std::find(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), t.id) != s.req.stop_token_ids.end();
@@ -478,7 +487,7 @@ void Scheduler::plan_speculation(int64_t& budget) {
   }
 }
 
-int64_t Scheduler::commit_verified(Sequence& s) {
+void Scheduler::commit_verified(Sequence& s) {
   const size_t vocab = static_cast<size_t>(model_.config().vocab_size);
   const int64_t k = s.spec->k();
   DSV_ASSERT(s.logits.size() == static_cast<size_t>(k + 1) * vocab, "verify forward returned {} logits for {} rows",
@@ -493,13 +502,10 @@ int64_t Scheduler::commit_verified(Sequence& s) {
     stats_.spec.record(k, v.accepted);
   }
   const int64_t step = ++s.steps;
-  int64_t delivered = 0;
   for (auto& t : v.tokens) {
     t.step = step;
-    ++delivered;
     if (!deliver(s, std::move(t))) break;
   }
-  return delivered;
 }
 
 }  // namespace dsv41::sched

@@ -155,12 +155,13 @@ class Scheduler {
   void finish(Sequence& s, FinishReason r, const std::string& err = {});
   bool grow(Sequence& s, int64_t tokens);
   bool preempt_youngest_other(const Sequence* keep);
-  // Delivers one generated token (EOS/stop ids/length end the sequence); false when it ended it.
+  // Delivers one generated token (EOS/stop ids/length end the sequence; counted in the stats before
+  // the client sees it); false when it ended it.
   bool deliver(Sequence& s, SampledToken t);
   // Speculative decoding (docs/SPECULATIVE.md): turns planned decode steps into verify steps.
   void plan_speculation(int64_t& budget);
   // After the forward: accepts drafts, rolls the state back, delivers the committed tokens.
-  int64_t commit_verified(Sequence& s);
+  void commit_verified(Sequence& s);
 
   Model& model_;
   spec::SpecBackend* spec_ = nullptr;

@@ -118,7 +118,7 @@ void lin8(const Lin8Args& a, cudaStream_t s) {
   DSV_CHECK(a.w.codes && a.w.scales && (a.m == 0 || (a.x_codes && a.x_scales && a.y)),
             "lin8: weight, activation and output pointers must be set");
   DSV_CHECK(aligned16(a.w.codes) && (a.m == 0 || aligned16(a.x_codes)), "lin8: codes must be 16-byte aligned");
-  DSV_CHECK(a.rows16 == nullptr || (aligned16(a.rows16) && a.rows16_bytes >= 0), "lin8: f16 row scratch must be 16-byte aligned");
+  DSV_CHECK(a.rows16 == nullptr || aligned16(a.rows16), "lin8: f16 row scratch must be 16-byte aligned");
   launched(raw::lin8(a, s), "lin8 launch");
 }
 
@@ -151,8 +151,7 @@ void lin8_group(const Lin8GroupArgs& g, cudaStream_t s) {
     DSV_CHECK(aligned16(l.w.codes) && (l.m == 0 || aligned16(l.x_codes)), "lin8_group: linear {}: codes must be 16-byte aligned",
               p);
   }
-  DSV_CHECK(a.rows16 == nullptr || (aligned16(a.rows16) && a.rows16_bytes >= 0),
-            "lin8_group: f16 row scratch must be 16-byte aligned");
+  DSV_CHECK(a.rows16 == nullptr || aligned16(a.rows16), "lin8_group: f16 row scratch must be 16-byte aligned");
   if (lin_groups_enabled()) {
     launched(raw::lin8_group(g, s), "lin8_group launch");
   } else {

@@ -8,6 +8,8 @@
 #include <set>
 #include <utility>
 
+#include "ops/smem_limit.h"
+
 namespace dsv41::exl3::cuda {
 
 // Programmatic dependent launch is on unless DSV41_EXL3_NO_PDL is set (a fallback switch for
@@ -49,7 +51,7 @@ cudaError_t raise_smem_once(Fn fn, size_t bytes) {
   static std::set<const void*> done;
   std::lock_guard<std::mutex> lock(mu);
   if (done.count(reinterpret_cast<const void*>(fn))) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  const cudaError_t e = ops::gpu::raise_dynamic_smem(fn, bytes);  // refused beyond the device's limit
   if (e == cudaSuccess) done.insert(reinterpret_cast<const void*>(fn));
   return e;
 }

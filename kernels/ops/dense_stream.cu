@@ -274,7 +274,8 @@ DeviceLimits device_limits() {
   DeviceLimits d;
   int block = 0, sm = 0, regs = 0;
   d.sms = sm_count();
-  if (cudaDeviceGetAttribute(&block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) block = 48 * 1024;
+  block = static_cast<int>(smem_per_block_limit());  // GB10: 99 KB (ops/smem_limit.h)
+  if (block <= 0) block = 48 * 1024;
   if (cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) sm = block;
   if (cudaDeviceGetAttribute(&regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev) != cudaSuccess) regs = 65536;
   d.smem_block = static_cast<size_t>(block);

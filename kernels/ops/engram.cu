@@ -117,7 +117,7 @@ cudaError_t engram_gate(const EngramGateArgs& a, cudaStream_t s) {
   if (a.n == 0) return cudaSuccess;
   const size_t smem =
       static_cast<size_t>(4 * ((a.dim + 3) / 4 * 4) + 3 * dev::torch_sum_scratch_floats(a.dim)) * sizeof(float);
-  if (smem <= kMaxStagedSmem) {
+  if (staged_smem_fits<engram_gate_staged_kernel>(smem)) {
     const cudaError_t e = allow_dynamic_smem<engram_gate_staged_kernel>(smem);
     if (e != cudaSuccess) return e;
     launch_pdl(engram_gate_staged_kernel, dim3(static_cast<unsigned>(a.n), static_cast<unsigned>(a.hc)), kGateThreads, smem, s, a);

@@ -6,6 +6,7 @@
 // per key adds the head terms in head order. The warp kernel (one warp per entry, lanes
 // take heads) remains for shapes the tiled one does not take.
 // Plus the level-1 candidate blocks of the candidate source and their mask on later layers.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/ops_common.cuh"
@@ -327,12 +328,13 @@ cudaError_t indexer_tiled_launch(const IndexerArgs& a, int blocks_per_sm, cudaSt
     if (e != cudaSuccess) return e;
   }
   const TiledLayout L = tiled_layout<TILE, BH, BK>(a.heads, a.head_dim);
-  if (L.total > kTiledMaxSmem) return cudaErrorNotSupported;
-  // The shared-memory opt-in is raised once to the largest supported layout (the first launch), so
-  // later launches, e.g. inside a graph capture, never change it.
+  // The shared-memory opt-in is raised once to the largest supported layout, or to all the device
+  // gives a block where that is less (GB10), at the first launch, so later launches, e.g. inside a
+  // graph capture, never change it.
+  const size_t most = std::min(kTiledMaxSmem, max_dynamic_smem(indexer_tiled_kernel<TILE, BH, BK>));
+  if (L.total > most) return cudaErrorNotSupported;
   if (!configured[dev]) {
-    e = cudaFuncSetAttribute(indexer_tiled_kernel<TILE, BH, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kTiledMaxSmem));
+    e = raise_dynamic_smem(indexer_tiled_kernel<TILE, BH, BK>, most);
     if (e != cudaSuccess) return e;
     configured[dev] = 1;
   }
@@ -380,7 +382,7 @@ cudaError_t indexer_scores_warp(const IndexerArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((a.T + per_block - 1) / per_block), static_cast<unsigned>(a.n));
   const size_t smem = static_cast<size_t>(a.heads * a.head_dim + a.heads) * sizeof(float);
   if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(indexer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    const cudaError_t e = raise_dynamic_smem(indexer_kernel, smem);
     if (e != cudaSuccess) return e;
   }
   launch_pdl(indexer_kernel, grid, kWarps * 32, smem, s, a);

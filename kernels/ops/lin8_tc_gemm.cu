@@ -26,7 +26,9 @@
 // Grid: x = token tiles (fastest, so the CTAs that read one weight tile run together and the weight
 // comes from DRAM about once), y = weight-row tiles over the parts of a group numbered as if their
 // outputs were concatenated (each part's last tile may be partial).
+#include <algorithm>
 #include <atomic>
+#include <limits>
 
 #include "ops/cp_async.cuh"
 #include "ops/lin8_tc_gemm.h"
@@ -296,10 +298,26 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
       }
 }
 
+// Whether tile T's launch of this path fits the device's shared memory with the weight scales of
+// `in` columns (GB10's 99 KB: the 64 x 64 tile only, its scales sized to the call).
+template <class T, bool kR16>
+bool path_fits(int64_t in) {
+  return smem_fits(lin8_tc_gemm_kernel<T, kR16>, T::template smem_bytes<kR16>(in / 32));
+}
+template <class T>
+bool tile_fits(int64_t in) {
+  return path_fits<T, false>(in) && path_fits<T, true>(in);
+}
+
 template <class T, bool kR16>
 cudaError_t launch_tile(TcArgs a, cudaStream_t s) {
+  // The opt-in covers the largest weight-scale table (kMaxWsBytes), or all the device gives a block
+  // where that is less; a call needing more is refused.
   static std::atomic<uint64_t> configured{0};
-  cudaError_t e = allow_smem(lin8_tc_gemm_kernel<T, kR16>, T::template pipe_bytes<kR16>() + kMaxWsBytes, configured);
+  const size_t most = std::min<size_t>(T::template pipe_bytes<kR16>() + kMaxWsBytes,
+                                       max_dynamic_smem(lin8_tc_gemm_kernel<T, kR16>));
+  if (T::template smem_bytes<kR16>(a.in / 32) > most) return cudaErrorInvalidValue;
+  cudaError_t e = allow_smem(lin8_tc_gemm_kernel<T, kR16>, most, configured);
   if (e != cudaSuccess) return e;
   const int64_t cols = lin8_number_part_tiles(a, T::kBM), token_tiles = (a.rows + T::kBN - 1) / T::kBN;
   const dim3 grid(static_cast<unsigned>(token_tiles), static_cast<unsigned>(cols));
@@ -361,7 +379,12 @@ bool lin8_tc_gemm_supported(const Lin8GroupArgs& g) {
     if (!aligned(g.lin[p].w.codes) || g.lin[p].w.out <= 0) return false;
     cols += (g.lin[p].w.out + SmallTile::kBM - 1) / SmallTile::kBM;
   }
-  return cols <= 65535 && (l.m + SmallTile::kBN - 1) / SmallTile::kBN <= INT32_MAX;
+  return cols <= 65535 && (l.m + SmallTile::kBN - 1) / SmallTile::kBN <= INT32_MAX &&
+         (tile_fits<BigTile>(l.w.in) || tile_fits<SmallTile>(l.w.in));
+}
+
+bool lin8_tc_gemm_tile_fits(int tile, int64_t in) {
+  return tile == 1 ? tile_fits<BigTile>(in) : tile == 2 ? tile_fits<SmallTile>(in) : false;
 }
 
 double lin8_tc_gemm_us(const Lin8GroupArgs& g, int* tile) {
@@ -369,9 +392,10 @@ double lin8_tc_gemm_us(const Lin8GroupArgs& g, int* tile) {
   int64_t outs[kMaxParts] = {};
   for (int p = 0; p < n; ++p) outs[p] = g.lin[p].w.out;
   const int64_t m = g.lin[0].m, in = g.lin[0].w.in;
-  int best = 1;
-  double us = tile_us(1, m, in, outs, n);
-  for (int t = 2; t <= kLin8TcTiles; ++t) {
+  int best = 0;
+  double us = std::numeric_limits<double>::infinity();
+  for (int t = 1; t <= kLin8TcTiles; ++t) {
+    if (!lin8_tc_gemm_tile_fits(t, in)) continue;  // GB10: not the 128 x 128 tile
     const double u = tile_us(t, m, in, outs, n);
     if (u < us) best = t, us = u;
   }
@@ -384,6 +408,7 @@ cudaError_t lin8_tc_gemm(const Lin8GroupArgs& g, int tile, cudaStream_t s) {
   TcArgs a;
   fill_lin8_parts(a, g, kMaxParts);
   if (tile < 1 || tile > kLin8TcTiles) lin8_tc_gemm_us(g, &tile);
+  if (!lin8_tc_gemm_tile_fits(tile, g.lin[0].w.in)) return cudaErrorInvalidValue;
   return tile == 1 ? launch_call<BigTile>(a, g.lin[0], s) : launch_call<SmallTile>(a, g.lin[0], s);
 }
 

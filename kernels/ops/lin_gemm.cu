@@ -406,15 +406,31 @@ bool split_allowed() {
 }
 
 
-// Every variant at the first call on a device (an eager pass before any graph capture then covers
-// the tiles a captured call may pick).
+// Whether variant v's shared memory fits the device (GB10's 99 KB leaves out the two K-split tiles,
+// 132 and 165 KB; pick_tile then never takes them).
+bool tile_fits(int v) {
+  switch (v) {
+    case 1: return smem_fits(lin8_gemm_kernel<64, 64>, gemm_smem_bytes<64, 64>());
+    case 2: return smem_fits(lin8_gemm_kernel<128, 64>, gemm_smem_bytes<128, 64>());
+    case 3: return smem_fits(lin8_gemm_kernel<128, 128>, gemm_smem_bytes<128, 128>());
+    case 4: return smem_fits(lin8_gemm_split_kernel<64, 64, 4>, split_smem_bytes<64, 64, 4>());
+    case 5: return smem_fits(lin8_gemm_split_kernel<32, 64, 8>, split_smem_bytes<32, 64, 8>());
+    default: return false;
+  }
+}
+
+// Every variant that fits, at the first call on a device (an eager pass before any graph capture
+// then covers the tiles a captured call may pick).
 cudaError_t configure_all() {
   static std::atomic<uint64_t> d1{0}, d2{0}, d3{0}, d4{0}, d5{0};
-  cudaError_t e = allow_smem(lin8_gemm_kernel<64, 64>, gemm_smem_bytes<64, 64>(), d1);
-  if (e == cudaSuccess) e = allow_smem(lin8_gemm_kernel<128, 64>, gemm_smem_bytes<128, 64>(), d2);
-  if (e == cudaSuccess) e = allow_smem(lin8_gemm_kernel<128, 128>, gemm_smem_bytes<128, 128>(), d3);
-  if (e == cudaSuccess) e = allow_smem(lin8_gemm_split_kernel<64, 64, 4>, split_smem_bytes<64, 64, 4>(), d4);
-  if (e == cudaSuccess) e = allow_smem(lin8_gemm_split_kernel<32, 64, 8>, split_smem_bytes<32, 64, 8>(), d5);
+  cudaError_t e = cudaSuccess;
+  if (tile_fits(1)) e = allow_smem(lin8_gemm_kernel<64, 64>, gemm_smem_bytes<64, 64>(), d1);
+  if (e == cudaSuccess && tile_fits(2)) e = allow_smem(lin8_gemm_kernel<128, 64>, gemm_smem_bytes<128, 64>(), d2);
+  if (e == cudaSuccess && tile_fits(3)) e = allow_smem(lin8_gemm_kernel<128, 128>, gemm_smem_bytes<128, 128>(), d3);
+  if (e == cudaSuccess && tile_fits(4))
+    e = allow_smem(lin8_gemm_split_kernel<64, 64, 4>, split_smem_bytes<64, 64, 4>(), d4);
+  if (e == cudaSuccess && tile_fits(5))
+    e = allow_smem(lin8_gemm_split_kernel<32, 64, 8>, split_smem_bytes<32, 64, 8>(), d5);
   return e;
 }
 
@@ -477,6 +493,7 @@ int pick_tile(int64_t m, int64_t in, const int64_t* outs, int n_parts, double* u
   *us = gemm_us(3, m, in, outs, n_parts);
   if (split_allowed())
     for (int v : {4, 5}) {
+      if (!tile_fits(v)) continue;
       const double t = gemm_us(v, m, in, outs, n_parts);
       if (t < *us) best = v, *us = t;
     }
@@ -513,7 +530,9 @@ cudaError_t lin8_gemm(const Lin8GroupArgs& g, cudaStream_t s) {
   for (int p = 0; p < a.n_parts; ++p)
     if (a.out[p] <= 0) return cudaSuccess;  // (the wrappers reject empty outputs)
   double us = 0;
-  switch (pick_tile(a.rows, a.in, a.out, a.n_parts, &us)) {
+  const int tile = pick_tile(a.rows, a.in, a.out, a.n_parts, &us);
+  if (!tile_fits(tile)) return cudaErrorInvalidValue;  // a forced tile beyond the device's shared memory
+  switch (tile) {
     case 1: return launch(lin8_gemm_kernel<64, 64>, 64, 64, 64, gemm_smem_bytes<64, 64>(), a, s);
     case 2: return launch(lin8_gemm_kernel<128, 64>, 128, 64, 128, gemm_smem_bytes<128, 64>(), a, s);
     case 4:
@@ -528,6 +547,7 @@ cudaError_t lin8_gemm(const Lin8GroupArgs& g, cudaStream_t s) {
 
 int64_t set_lin8_gemm_min_rows(int64_t m) { return g_min_rows.set(m); }
 int set_lin8_gemm_tile(int tile) { return static_cast<int>(g_tile.set(tile)); }
+bool lin8_gemm_tile_fits(int tile) { return tile_fits(tile); }
 int64_t set_lin8_tc_min_rows(int64_t m) { return g_tc_min_rows.set(m); }
 int set_lin8_tc_tile(int tile) { return static_cast<int>(g_tc_tile.set(tile)); }
 

@@ -62,6 +62,9 @@ int64_t set_lin8_gemm_min_rows(int64_t m);
 // split over 4 warp groups, 5 = 32x64 with K split over 8; DSV41_LIN8_GEMM_TILE sets it at start.
 // Returns the previous value.
 int set_lin8_gemm_tile(int tile);
+// Whether lin8_gemm tile `tile` (1..5 as above) fits the device's shared memory (GB10: not 4 and 5);
+// a forced tile that does not returns cudaErrorInvalidValue.
+bool lin8_gemm_tile_fits(int tile);
 // The tensor-core GEMM's dispatch threshold (rows) and CTA tile (0 = the time model's choice,
 // 1..raw::kLin8TcTiles as ops/lin8_tc_gemm.h lists them; DSV41_LIN8_TC_TILE sets it at start); each
 // returns the previous value.

@@ -539,7 +539,8 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
   }
   const int tiled_warps = dev::chain_warps(live_parts, kMixTiledMaxWarps);
   const size_t tiled_smem = static_cast<size_t>(mix_tiled_smem_floats(k, tiled_warps)) * sizeof(float);
-  const bool tiled = a.n >= kTiledMinTokens && live_parts > 0 && tiled_smem <= kMaxStagedSmem;
+  const bool tiled =
+      a.n >= kTiledMinTokens && live_parts > 0 && staged_smem_fits<hc_mix_dots_tiled_kernel>(tiled_smem);
   if (tiled) {
     cudaError_t e = allow_dynamic_smem<hc_mix_dots_tiled_kernel>(tiled_smem);
     if (e != cudaSuccess) return e;
@@ -558,7 +559,7 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
   // K - rest/2, a multiple of 4 only when K is a multiple of 8.
   const bool aligned_parts = a.k_parts != model::kMixGemmBlocked || k % 8 == 0;
   const bool staged = (a.k_parts == 0 || a.n <= kStagedMaxTokensPartsP) && parts <= kStagedThreads - 32 &&
-                      staged_smem <= kMaxStagedSmem && aligned_parts;
+                      staged_smem_fits<hc_mix_dots_staged_kernel>(staged_smem) && aligned_parts;
   if (staged && !tiled) {
     const cudaError_t e = allow_dynamic_smem<hc_mix_dots_staged_kernel>(staged_smem);
     if (e != cudaSuccess) return e;

@@ -333,7 +333,12 @@ cudaError_t router(const RouterArgs& a, cudaStream_t s) {
   const int64_t rows = (a.dim + 255) / 256 * 256, k_blocks = (a.dim + dev::kGemmKBlock - 1) / dev::kGemmKBlock;  // chain_rows_size
   // 2 to 4 tokens (decode batches): every token's scores from one block per expert
   const size_t multi_smem = static_cast<size_t>((1 + a.n) * rows + a.n * k_blocks) * sizeof(float);
-  if (a.n >= 2 && a.n <= kScoreMultiMaxTokens && multi_smem <= kMaxStagedSmem) {
+  const bool multi = a.n == 2   ? staged_smem_fits<router_scores_multi_kernel<2>>(multi_smem)
+                     : a.n == 3 ? staged_smem_fits<router_scores_multi_kernel<3>>(multi_smem)
+                     : a.n == 4 ? staged_smem_fits<router_scores_multi_kernel<4>>(multi_smem)
+                                : false;
+  static_assert(kScoreMultiMaxTokens == 4);
+  if (multi) {
     const cudaError_t e = a.n == 2   ? launch_scores_multi<2>(a, multi_smem, s)
                           : a.n == 3 ? launch_scores_multi<3>(a, multi_smem, s)
                                      : launch_scores_multi<4>(a, multi_smem, s);
@@ -345,10 +350,11 @@ cudaError_t router(const RouterArgs& a, cudaStream_t s) {
   // gate row between 8 tokens
   const int64_t tokens_per_block = a.n <= 8 ? 1 : 8;
   const size_t staged_smem = static_cast<size_t>(2 * rows + k_blocks) * sizeof(float);
-  const bool staged = staged_smem <= kMaxStagedSmem;
+  const bool staged = staged_smem_fits<router_scores_staged_kernel>(staged_smem);
   const int tiled_warps = dev::chain_warps(k_blocks, kScoreTiledMaxWarps);
   const size_t tiled_smem = static_cast<size_t>(RouterTile::smem_floats(tiled_warps)) * sizeof(float);
-  const bool tiled = a.n >= kScoreTiledMinTokens && k_blocks > 0 && tiled_smem <= kMaxStagedSmem;
+  const bool tiled =
+      a.n >= kScoreTiledMinTokens && k_blocks > 0 && staged_smem_fits<router_scores_tiled_kernel>(tiled_smem);
   if (tiled) {  // every token's scores in one launch; the selection below per slice
     cudaError_t e = allow_dynamic_smem<router_scores_tiled_kernel>(tiled_smem);
     if (e != cudaSuccess) return e;

@@ -329,9 +329,12 @@ size_t cluster_smem(int64_t d) {
 
 // Blocks per row of the cluster form for rows of d, or 0 where it does not apply (too few units;
 // too wide for shared memory or for one unit per warp; too many rows).
+template <bool kCollapse>
 int cluster_form_blocks(int64_t rows, int64_t d) {
   const NormUnits nu = norm_units(d);
-  if (rows > kClusterMaxRows || nu.units < kClusterMinUnits || cluster_smem(d) > kMaxStagedSmem) return 0;
+  if (rows > kClusterMaxRows || nu.units < kClusterMinUnits ||
+      !staged_smem_fits<rms_norm_cluster_kernel<kCollapse>>(cluster_smem(d)))
+    return 0;
   const int C = cluster_blocks(nu.units);
   if ((nu.units + C - 1) / C > kClusterUnitsPerBlock || !clusters_supported()) return 0;
   return C;
@@ -368,13 +371,16 @@ cudaError_t launch_cluster(const RmsNormArgs& a, const HcCollapseArgs& c, int C,
 namespace raw {
 cudaError_t rms_norm(const RmsNormArgs& a, cudaStream_t s) {
   if (a.rows == 0) return cudaSuccess;
-  if (const int C = cluster_form_blocks(a.rows, a.d); C > 0) return launch_cluster<false>(a, HcCollapseArgs{}, C, s);
+  if (const int C = cluster_form_blocks<false>(a.rows, a.d); C > 0)
+    return launch_cluster<false>(a, HcCollapseArgs{}, C, s);
   const size_t smem = static_cast<size_t>(2 * ((a.d + 3) / 4 * 4) + dev::torch_sum_scratch_floats(a.d)) * sizeof(float);
-  if (smem <= kMaxStagedSmem && a.rows <= 0x7fffffff) {
-    // 256 threads up to rows of 1024 (four 32-blocks per warp at most), 512 above: the model's
-    // hidden rows of 5120 then quantise 10 blocks per warp instead of 20 (H200, one row with codes:
-    // 9.9 -> 6.9 us). (1024 threads would cap the kernel at 64 registers: it spills.)
-    const int threads = a.d > kWideRow ? kWideThreads : kThreads;
+  // 256 threads up to rows of 1024 (four 32-blocks per warp at most), 512 above: the model's
+  // hidden rows of 5120 then quantise 10 blocks per warp instead of 20 (H200, one row with codes:
+  // 9.9 -> 6.9 us). (1024 threads would cap the kernel at 64 registers: it spills.)
+  const int threads = a.d > kWideRow ? kWideThreads : kThreads;
+  const bool staged = threads == kWideThreads ? staged_smem_fits<rms_norm_staged_kernel<kWideThreads>>(smem)
+                                              : staged_smem_fits<rms_norm_staged_kernel<kThreads>>(smem);
+  if (staged && a.rows <= 0x7fffffff) {
     cudaError_t e = threads == kWideThreads ? allow_dynamic_smem<rms_norm_staged_kernel<kWideThreads>>(smem)
                                             : allow_dynamic_smem<rms_norm_staged_kernel<kThreads>>(smem);
     if (e != cudaSuccess) return e;
@@ -390,7 +396,7 @@ cudaError_t rms_norm(const RmsNormArgs& a, cudaStream_t s) {
 
 cudaError_t hc_collapse_rms_norm(const HcCollapseArgs& c, const RmsNormArgs& n, cudaStream_t s) {
   if (n.rows == 0) return cudaSuccess;
-  if (const int C = cluster_form_blocks(n.rows, n.d); C > 0 && c.hc <= kMaxCollapseWeights)
+  if (const int C = cluster_form_blocks<true>(n.rows, n.d); C > 0 && c.hc <= kMaxCollapseWeights)
     return launch_cluster<true>(n, c, C, s);
   const cudaError_t e = hc_collapse(c, s);
   return e != cudaSuccess ? e : rms_norm(n, s);

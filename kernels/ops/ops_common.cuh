@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "ops/smem_limit.h"
+
 namespace dsv41::ops::gpu::dev {
 
 constexpr unsigned kFull = 0xffffffffu;
@@ -463,10 +465,9 @@ __device__ __forceinline__ float ordered_sum(float total, const float* v, int64_
 namespace dsv41::ops::gpu {
 
 // Raises a kernel's dynamic shared-memory limit to `bytes` (near or above the default 48 KB, which
-// bounds static and dynamic shared memory together). The limit
-// is a function attribute, not a stream operation; it is set once per device and size. Should the
-// first launch be inside a graph capture, the call is made in the relaxed capture mode for this
-// thread (it enqueues nothing, so the capture stays valid).
+// bounds static and dynamic shared memory together), once per device and size, through
+// raise_dynamic_smem (ops/smem_limit.h: refused when the device's limit is smaller; safe inside a
+// graph capture).
 template <auto Kernel>
 inline cudaError_t allow_dynamic_smem(size_t bytes) {
   if (bytes <= 32 * 1024) return cudaSuccess;  // the default 48 KB covers it with the static part
@@ -475,12 +476,7 @@ inline cudaError_t allow_dynamic_smem(size_t bytes) {
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   if (dev >= 0 && dev < 64 && configured[dev] >= bytes) return cudaSuccess;
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  e = cudaThreadExchangeStreamCaptureMode(&mode);
-  if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  const cudaError_t restore = cudaThreadExchangeStreamCaptureMode(&mode);
-  if (e == cudaSuccess) e = restore;
+  e = raise_dynamic_smem(Kernel, bytes);
   if (e == cudaSuccess && dev >= 0 && dev < 64) configured[dev] = bytes;
   return e;
 }
@@ -507,14 +503,18 @@ inline cudaError_t allow_smem(K kernel, size_t bytes, std::atomic<uint64_t>& don
   if (e != cudaSuccess) return e;
   const uint64_t bit = uint64_t{1} << (dev & 63);
   if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  e = raise_dynamic_smem(kernel, bytes);
   if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
   if (e == cudaSuccess) done.fetch_or(bit, std::memory_order_acq_rel);
   return e;
 }
 
-// Largest dynamic shared memory the staged (latency) kernels ask for; rows that need more take the
-// kernels' unstaged forms.
+// Largest dynamic shared memory the staged (latency) kernels ask for; rows that need more, or more
+// than the device gives a block (GB10: 99 KB), take the kernels' unstaged forms.
 inline constexpr size_t kMaxStagedSmem = 200 * 1024;
+template <auto Kernel>
+inline bool staged_smem_fits(size_t bytes) {
+  return bytes <= kMaxStagedSmem && (bytes <= 32 * 1024 || smem_fits(Kernel, bytes));
+}
 
 }  // namespace dsv41::ops::gpu

@@ -472,14 +472,24 @@ cudaError_t sparse_attention(const SparseAttnArgs& a, int heads_per_block, cudaS
 cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, cudaStream_t s);
 cudaError_t sparse_attention_split(const SparseAttnArgs& a, cudaStream_t s);
 // The split kernel's variants (cluster size x threads; tests and benchmarks): sparse_attention_split
-// launches the one chosen for n_q (variant 0 where that one cannot run); _variant launches variant
+// launches the one chosen for n_q (the others in turn where that one cannot run); _variant launches variant
 // v < sparse_attention_split_variants() (cudaErrorNotSupported as above); _max_clusters: clusters of
 // variant v the device holds at once at a's shape (0 where it cannot launch).
 int sparse_attention_split_variants();
 const char* sparse_attention_split_variant_name(int v);
 cudaError_t sparse_attention_split_variant(const SparseAttnArgs& a, int v, cudaStream_t s);
 int sparse_attention_split_max_clusters(const SparseAttnArgs& a, int v);
+// Dynamic shared memory of split variant v for a's list (tests: a variant is refused where
+// this exceeds what the device gives a block, ops/smem_limit.h).
+size_t sparse_attention_split_smem(const SparseAttnArgs& a, int v);
+// The tiled kernel: its wide form (32 heads a block, two chunk buffers) where the device's shared
+// memory holds it, else the narrow one (8 heads, one buffer: GB10 at d = 512); same bits.
 cudaError_t sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t s);
+// Its forms (tests and benchmarks): 0 wide, 1 narrow; cudaErrorNotSupported as above; _smem: the
+// form's dynamic shared memory for rows of d.
+int sparse_attention_tiled_variants();
+cudaError_t sparse_attention_tiled_variant(const SparseAttnArgs& a, int v, cudaStream_t s);
+size_t sparse_attention_tiled_variant_smem(int64_t d, int v);
 cudaError_t compress_pool(const CompressPoolArgs& a, cudaStream_t s);
 cudaError_t store_bf16(const StoreBf16Args& a, cudaStream_t s);
 }  // namespace raw

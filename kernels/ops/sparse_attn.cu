@@ -9,6 +9,7 @@
 // the tiled kernel of sparse_attn_tiled.cuh (same arithmetic, all heads of a group at once).
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cp_async.cuh"
@@ -534,8 +535,9 @@ struct SplitVariant {
   // the shared-memory opt-in raised to the largest supported layout and the non-portable cluster
   // size where C > 8 (no occupancy query here: it is not allowed inside a stream capture). ok =
   // false where the device cannot run this variant.
-  static cudaError_t ready(bool& ok) {
-    static int state[64] = {};  // 0 unknown, 1 ready, -1 not on this device
+  static cudaError_t ready(bool& ok, size_t* raised = nullptr) {
+    static int state[64] = {};        // 0 unknown, 1 ready, -1 not on this device
+    static size_t limit[64] = {};     // the dynamic shared memory raised to (list lengths beyond it refused)
     ok = false;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
@@ -551,25 +553,29 @@ struct SplitVariant {
       big.d = 512;
       big.heads = G;
       big.n_q = 1;
-      const size_t want = smem(big);
-      if (v && cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(want)) == cudaSuccess &&
+      // all the longest list needs, or all the device gives a block where that is less (GB10)
+      const size_t want = std::min(smem(big), max_dynamic_smem(fn));
+      if (v && want > 0 && raise_dynamic_smem(fn, want) == cudaSuccess &&
           (C <= 8 || cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess)) {
         // Several blocks per SM need the largest shared-memory carveout (a hint; refusal is harmless).
         if (MinBlocks > 1) (void)cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
         state[dev] = 1;
+        limit[dev] = want;
       }
       (void)cudaGetLastError();  // a refused attribute or query leaves nothing behind
     }
     ok = state[dev] > 0;
+    if (raised) *raised = limit[dev];
     return cudaSuccess;
   }
   static cudaError_t launch(const SparseAttnArgs& a, cudaStream_t s) {
     if (a.n_q == 0) return cudaSuccess;
     if (!shape_ok(a)) return cudaErrorNotSupported;
     bool ok = false;
-    cudaError_t e = ready(ok);
+    size_t raised = 0;
+    cudaError_t e = ready(ok, &raised);
     if (e != cudaSuccess) return e;
-    if (!ok) return cudaErrorNotSupported;
+    if (!ok || smem(a) > raised) return cudaErrorNotSupported;
     cudaLaunchAttribute attr[2];
     cudaLaunchConfig_t cfg = config(a, smem(a), s, attr);
     cfg.numAttrs = add_pdl_attribute(attr, 1);  // programmatic dependent launch, as launch_pdl
@@ -583,7 +589,8 @@ struct SplitVariant {
   }
   static int max_clusters(const SparseAttnArgs& a) {
     bool ok = false;
-    if (!shape_ok(a) || ready(ok) != cudaSuccess || !ok) return 0;
+    size_t raised = 0;
+    if (!shape_ok(a) || ready(ok, &raised) != cudaSuccess || !ok || smem(a) > raised) return 0;
     cudaLaunchAttribute attr[1];
     const cudaLaunchConfig_t cfg = config(a, smem(a), nullptr, attr);
     int clusters = 0;
@@ -615,6 +622,35 @@ cudaError_t split_launch(const SparseAttnArgs& a, int v, cudaStream_t s) {
   }
 }
 
+// One tiled form for a's shape: cudaErrorNotSupported, nothing launched, where the shape or the
+// device's shared memory does not allow it. The opt-in is raised once to the form's largest layout
+// (d = 512), or to all the device gives a block where that is less, so launches inside a graph
+// capture never change it.
+template <class Sh>
+cudaError_t tiled_launch(const SparseAttnArgs& a, cudaStream_t s) {
+  if (a.n_q == 0) return cudaSuccess;
+  constexpr int H = Sh::kHeads;
+  if (a.d < 8 || a.d > kTiledMaxD || a.d % 8 != 0 || a.n_q > 0x7fffffff || (a.heads + H - 1) / H > 65535 ||
+      reinterpret_cast<uintptr_t>(a.q) % 16 != 0)
+    return cudaErrorNotSupported;
+  static int configured[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= 64) return cudaErrorNotSupported;
+  const size_t most = max_dynamic_smem(sparse_attn_tiled_kernel<Sh>), smem = tiled_layout<Sh>(a.d).total;
+  if (smem > most) return cudaErrorNotSupported;
+  const int want = static_cast<int>(std::min(tiled_layout<Sh>(kTiledMaxD).total, most));
+  if (configured[dev] < want) {
+    e = raise_dynamic_smem(sparse_attn_tiled_kernel<Sh>, static_cast<size_t>(want));
+    if (e != cudaSuccess) return e;
+    configured[dev] = want;
+  }
+  const dim3 grid(static_cast<unsigned>(a.n_q), static_cast<unsigned>((a.heads + H - 1) / H));
+  launch_pdl(sparse_attn_tiled_kernel<Sh>, grid, Sh::kThreads, smem, s, a);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 namespace raw {
@@ -627,10 +663,11 @@ cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, 
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  const size_t smem = smem_bytes(a.d, heads_per_block);
-  const int want = static_cast<int>(smem > smem_bytes(512, 4) ? smem : smem_bytes(512, 4));
+  const size_t smem = smem_bytes(a.d, heads_per_block), most = max_dynamic_smem(sparse_attn_kernel);
+  if (smem > most) return cudaErrorInvalidValue;  // more than the device gives a block
+  const int want = static_cast<int>(std::min(std::max(smem, smem_bytes(512, 4)), most));
   if (dev < 0 || dev >= 64 || configured[dev] < want) {
-    e = cudaFuncSetAttribute(sparse_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, want);
+    e = raise_dynamic_smem(sparse_attn_kernel, static_cast<size_t>(want));
     if (e != cudaSuccess) return e;
     if (dev >= 0 && dev < 64) configured[dev] = want;
   }
@@ -645,12 +682,25 @@ cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, 
 // list's layout does not fit its shared memory (sparse_attention_split falls back).
 int split_choice(int64_t /*n_q*/) { return 2; }
 
+// A variant the device refuses (its layout beyond the shared memory a block gets, as for the decode
+// list of 640 in clusters of 8 on GB10's 99 KB, or clusters of 16) falls back to the others: the
+// cluster of 16 stages half the rows a block.
 cudaError_t sparse_attention_split(const SparseAttnArgs& a, cudaStream_t s) {
   const int v = split_choice(a.n_q);
   cudaError_t e = split_launch(a, v, s);
-  if (e == cudaErrorNotSupported && v != 0) e = split_launch(a, 0, s);
+  for (const int w : {1, 0})
+    if (e == cudaErrorNotSupported && v != w) e = split_launch(a, w, s);
   return e;
 }
+size_t sparse_attention_split_smem(const SparseAttnArgs& a, int v) {
+  switch (v) {
+    case 0: return SplitV0::smem(a);
+    case 1: return SplitV1::smem(a);
+    case 2: return SplitV2::smem(a);
+    default: return 0;
+  }
+}
+
 int sparse_attention_split_variants() { return kSplitVariants; }
 const char* sparse_attention_split_variant_name(int v) { return v >= 0 && v < kSplitVariants ? kSplitVariantNames[v] : "?"; }
 cudaError_t sparse_attention_split_variant(const SparseAttnArgs& a, int v, cudaStream_t s) { return split_launch(a, v, s); }
@@ -664,25 +714,16 @@ int sparse_attention_split_max_clusters(const SparseAttnArgs& a, int v) {
 }
 
 cudaError_t sparse_attention_tiled(const SparseAttnArgs& a, cudaStream_t s) {
-  if (a.n_q == 0) return cudaSuccess;
-  if (a.d < 8 || a.d > kTiledMaxD || a.d % 8 != 0 || a.n_q > 0x7fffffff ||
-      (a.heads + kTiledHeads - 1) / kTiledHeads > 65535 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0)
-    return cudaErrorNotSupported;
-  // As for the other kernels: the opt-in is raised once to the largest layout (d = 512).
-  static int configured[64] = {};
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < 0 || dev >= 64) return cudaErrorNotSupported;
-  const int want = static_cast<int>(tiled_layout(kTiledMaxD).total);
-  if (configured[dev] < want) {
-    e = cudaFuncSetAttribute(sparse_attn_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, want);
-    if (e != cudaSuccess) return e;
-    configured[dev] = want;
-  }
-  const dim3 grid(static_cast<unsigned>(a.n_q), static_cast<unsigned>((a.heads + kTiledHeads - 1) / kTiledHeads));
-  launch_pdl(sparse_attn_tiled_kernel, grid, kTiledThreads, tiled_layout(a.d).total, s, a);
-  return cudaGetLastError();
+  // The wide form where it fits the device, else the narrow one (GB10 at d = 512).
+  const cudaError_t e = tiled_launch<TiledWide>(a, s);
+  return e == cudaErrorNotSupported ? tiled_launch<TiledNarrow>(a, s) : e;
+}
+int sparse_attention_tiled_variants() { return 2; }
+cudaError_t sparse_attention_tiled_variant(const SparseAttnArgs& a, int v, cudaStream_t s) {
+  return v == 0 ? tiled_launch<TiledWide>(a, s) : v == 1 ? tiled_launch<TiledNarrow>(a, s) : cudaErrorNotSupported;
+}
+size_t sparse_attention_tiled_variant_smem(int64_t d, int v) {
+  return v == 0 ? tiled_layout<TiledWide>(d).total : v == 1 ? tiled_layout<TiledNarrow>(d).total : 0;
 }
 
 // Few queries: the split kernel (one query's list spread over a cluster); many queries (prefill

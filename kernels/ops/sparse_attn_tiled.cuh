@@ -1,11 +1,15 @@
-// Sparse attention for many queries (prefill passes): one block per query and group of
-// kTiledHeads heads, every head of the group computed at once per 64-entry chunk, register-tiled.
+// Sparse attention for many queries (prefill passes): one block per query and group of H heads,
+// every head of the group computed at once per 64-entry chunk, register-tiled. Two forms
+// (TiledShape): 32 heads with two chunk buffers (the next chunk's rows copied while this one is
+// computed; 220 KB at d = 512, the H200's), and 8 heads with one buffer (90 KB at d = 512, which
+// GB10's 99 KB a block holds; its blocks re-stage each chunk's rows per 8 heads and copy without
+// overlap). Both run the same chains in the same order: the same bits.
 // Included by sparse_attn.cu (inside its anonymous namespace, after kChunk; copies: ops/cp_async.cuh).
 //
 // Per chunk the reference runs, per head, three steps; here each is one block-wide phase:
 //  1. scores: the dot.h chains (one fma chain from zero per 256-wide K block, q·row in K order).
-//     These are 32 heads x 64 entries x 2 blocks = 4096 independent chains; a thread walks 16 of
-//     them side by side (4 heads x 4 entries of one K block), so every staged row vector and every
+//     These are H heads x 64 entries x 2 blocks (4096 at H = 32) independent chains; a thread of the
+//     8·H walks 16 of them side by side (4 heads x 4 entries of one K block), so every staged row vector and every
 //     q vector it loads feeds 4 chains. The block totals are added as gemm_dot_f32 does
 //     (0 + block 0 + block 1), times the scale; a skipped entry scores -inf.
 //  2. softmax terms (one warp per head, as the rows kernel): max, c = exp(m - m'), fp32
@@ -16,18 +20,28 @@
 // Entries that are skipped (-1, a missing pool) or past the list's end are staged as zero rows
 // with probability +0: their PV term is +0·row = +0, and pv + (+0) == pv for every pv the chain
 // can hold (it starts at +0 and a round-to-nearest sum is never -0 unless both addends are), so
-// running them through the chain is the reference's "skip". Rows of chunk c+1 are copied
-// (cp.async, zero-filling skipped rows) while chunk c is computed.
-constexpr int kTiledHeads = 32;
-constexpr int kTiledThreads = 256;
+// running them through the chain is the reference's "skip". With two buffers the rows of chunk c+1
+// are copied (cp.async, zero-filling skipped rows) while chunk c is computed.
 constexpr int64_t kTiledMaxD = 512;
+
+// H heads a block (a multiple of 8: the PV threads own 8 heads each), B chunk buffers (1 or 2);
+// 8·H threads (PV: H/8 head groups x 64 lane groups; scores: 2 K blocks x H/4 head quads x 16).
+template <int H, int B>
+struct TiledShape {
+  static constexpr int kHeads = H, kBuffers = B, kThreads = 8 * H;
+  static_assert(H % 8 == 0 && H >= 8 && H <= 32 && (B == 1 || B == 2));
+};
+using TiledWide = TiledShape<32, 2>;    // the H200's form
+using TiledNarrow = TiledShape<8, 1>;   // fits GB10's 99 KB at d = 512
 
 struct TiledLayout {
   int64_t qs, rs;  // q row stride (floats), staged row stride (bf16 values); padded off bank 0
   size_t q, rows, part, pb, valid, ml, cvec, lfin, total;  // byte offsets
 };
 
+template <class Sh>
 __host__ __device__ inline TiledLayout tiled_layout(int64_t d) {
+  constexpr int kTiledHeads = Sh::kHeads;
   TiledLayout L;
   L.qs = d + 4;
   L.rs = d + 8;
@@ -38,10 +52,10 @@ __host__ __device__ inline TiledLayout tiled_layout(int64_t d) {
     return at;
   };
   L.q = take(static_cast<size_t>(kTiledHeads * L.qs) * 4);
-  L.rows = take(static_cast<size_t>(2 * kChunk * L.rs) * 2);        // two chunk buffers
+  L.rows = take(static_cast<size_t>(Sh::kBuffers * kChunk * L.rs) * 2);  // the chunk buffers
   L.part = take(static_cast<size_t>(2 * kTiledHeads * kChunk) * 4);  // [K block][head][entry]; p reuses block 0
   L.pb = take(static_cast<size_t>(kTiledHeads * kChunk) * 4);        // [head][entry] bf16-rounded p
-  L.valid = take(static_cast<size_t>(2 * kChunk) * 4);               // [buffer][entry]
+  L.valid = take(static_cast<size_t>(Sh::kBuffers * kChunk) * 4);    // [buffer][entry]
   L.ml = take(static_cast<size_t>(2 * kTiledHeads) * 4);             // [head]: running max, denominator
   L.cvec = take(static_cast<size_t>(kTiledHeads) * 4);               // [head]: this chunk's c
   L.lfin = take(static_cast<size_t>(kTiledHeads) * 4);               // [head]: final denominator
@@ -49,11 +63,10 @@ __host__ __device__ inline TiledLayout tiled_layout(int64_t d) {
   return L;
 }
 
-// Copies chunk [c0, c0 + 64) of query t's list into a staged buffer: 4 threads per entry, each
-// taking every 4th 16-byte piece of the row; valid[j] = 1 for an entry with a row.
-__device__ __forceinline__ void tiled_stage_chunk(const SparseAttnArgs& a, int64_t t, int64_t c0, uint16_t* buf,
-                                                  float* valid, int64_t rs) {
-  const int tid = threadIdx.x, j = tid >> 2, sub = tid & 3;
+// Copies entry j of chunk [c0, c0 + 64) of query t's list into a staged buffer, as worker `sub` of
+// the entry's 4 (each takes every 4th 16-byte piece of the row); valid[j] = 1 for an entry with a row.
+__device__ __forceinline__ void tiled_stage_entry(const SparseAttnArgs& a, int64_t t, int64_t c0, uint16_t* buf,
+                                                  float* valid, int64_t rs, int j, int sub) {
   const uint16_t* row = nullptr;
   if (c0 + j < a.list_len) {
     const int32_t e = a.list[t * a.list_len + c0 + j];
@@ -69,12 +82,22 @@ __device__ __forceinline__ void tiled_stage_chunk(const SparseAttnArgs& a, int64
     dev::cp_async16_zfill(buf + j * rs + v * 8, row ? row + v * 8 : dummy, row ? 16u : 0u);
   if (sub == 0) valid[j] = row ? 1.0f : 0.0f;
 }
+// The whole chunk: 4 workers per entry, dealt over the block's T threads.
+template <int T>
+__device__ __forceinline__ void tiled_stage_chunk(const SparseAttnArgs& a, int64_t t, int64_t c0, uint16_t* buf,
+                                                  float* valid, int64_t rs) {
+  static_assert(4 * kChunk % T == 0);
+#pragma unroll
+  for (int w = threadIdx.x; w < 4 * kChunk; w += T) tiled_stage_entry(a, t, c0, buf, valid, rs, w >> 2, w & 3);
+}
 
-__global__ void __launch_bounds__(kTiledThreads, 1) sparse_attn_tiled_kernel(SparseAttnArgs a) {
+template <class Sh>
+__global__ void __launch_bounds__(Sh::kThreads, 1) sparse_attn_tiled_kernel(SparseAttnArgs a) {
+  constexpr int kTiledHeads = Sh::kHeads, kTiledThreads = Sh::kThreads;
   dev::pdl_enter();
   extern __shared__ __align__(16) unsigned char raw_smem[];
   const int64_t d = a.d;
-  const TiledLayout L = tiled_layout(d);
+  const TiledLayout L = tiled_layout<Sh>(d);
   float* qsm = reinterpret_cast<float*>(raw_smem + L.q);
   uint16_t* rows = reinterpret_cast<uint16_t*>(raw_smem + L.rows);
   float* part = reinterpret_cast<float*>(raw_smem + L.part);
@@ -91,7 +114,7 @@ __global__ void __launch_bounds__(kTiledThreads, 1) sparse_attn_tiled_kernel(Spa
   const int nblk = (d32 + dev::kGemmKBlock - 1) / dev::kGemmKBlock;  // 1 or 2
   const int64_t nc = (a.list_len + kChunk - 1) / kChunk;
 
-  if (nc > 0) tiled_stage_chunk(a, t, 0, rows, valid, rs);
+  if (nc > 0) tiled_stage_chunk<kTiledThreads>(a, t, 0, rows, valid, rs);
   dev::cp_async_commit();
   {  // q of the group's heads (zero for heads past the end: their results are never stored)
     const float4* src = reinterpret_cast<const float4*>(a.q + (t * a.heads + h0) * d);
@@ -107,7 +130,7 @@ __global__ void __launch_bounds__(kTiledThreads, 1) sparse_attn_tiled_kernel(Spa
     ml[2 * tid + 1] = 0.0f;
   }
 
-  // PV ownership: heads ph0..ph0+7, d lanes pk0..pk0+7.
+  // PV ownership: heads ph0..ph0+7, d lanes pk0..pk0+7 (H / 8 head groups of 64 threads).
   const int ph0 = (tid >> 6) * 8, pk0 = (tid & 63) * 8;
   const bool pv_active = pk0 < d32;
   float acc[8][8];
@@ -116,21 +139,32 @@ __global__ void __launch_bounds__(kTiledThreads, 1) sparse_attn_tiled_kernel(Spa
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[h][k] = 0.0f;
 
-  // Score ownership: K block sh, heads sh0+0..3, entries se0 + 16·i.
-  const int sh = tid >> 7, sh0 = ((tid & 127) >> 4) * 4, se0 = tid & 15;
+  // Score ownership: K block sh, heads sh0+0..3, entries se0 + 16·i (each K block's half of the
+  // threads: H / 4 head quads x 16).
+  constexpr int kHalf = kTiledThreads / 2;
+  const int sh = tid / kHalf, sh0 = ((tid % kHalf) >> 4) * 4, se0 = tid & 15;
 
   for (int64_t c = 0; c < nc; ++c) {
     const int64_t c0 = c * kChunk;
     const int cn = static_cast<int>(a.list_len - c0 < kChunk ? a.list_len - c0 : kChunk);
-    const int buf = static_cast<int>(c & 1);
+    const int buf = Sh::kBuffers == 2 ? static_cast<int>(c & 1) : 0;
     const uint16_t* cur = rows + buf * kChunk * rs;
     const float* vcur = valid + buf * kChunk;
-    __syncthreads();  // chunk c-1's PV is done with the other buffer
-    if (c + 1 < nc) {
-      tiled_stage_chunk(a, t, c0 + kChunk, rows + (buf ^ 1) * kChunk * rs, valid + (buf ^ 1) * kChunk, rs);
-      dev::cp_async_commit();
-      dev::cp_async_wait<1>();
+    __syncthreads();  // chunk c-1's PV is done with the other buffer (with one: with this one)
+    if constexpr (Sh::kBuffers == 2) {
+      if (c + 1 < nc) {
+        uint16_t* next = rows + (buf ^ 1) * kChunk * rs;
+        tiled_stage_chunk<kTiledThreads>(a, t, c0 + kChunk, next, valid + (buf ^ 1) * kChunk, rs);
+        dev::cp_async_commit();
+        dev::cp_async_wait<1>();
+      } else {
+        dev::cp_async_wait<0>();
+      }
     } else {
+      if (c > 0) {
+        tiled_stage_chunk<kTiledThreads>(a, t, c0, rows, valid, rs);
+        dev::cp_async_commit();
+      }
       dev::cp_async_wait<0>();
     }
     __syncthreads();

@@ -571,11 +571,9 @@ cudaError_t topk_replay(const TopkReplayArgs& a, cudaStream_t s) {
   if (e != cudaSuccess) return e;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
   if (optin[dev] == 0) {
-    int limit = 0;
-    e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e != cudaSuccess) return e;
-    limit -= 4096;  // the kernel's static shared memory
-    e = cudaFuncSetAttribute(topk_replay_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit);
+    const int limit = static_cast<int>(max_dynamic_smem(topk_replay_kernel));  // GB10: 99 KB less the static part
+    if (limit <= 0) return cudaErrorInvalidValue;
+    e = raise_dynamic_smem(topk_replay_kernel, static_cast<size_t>(limit));
     if (e != cudaSuccess) return e;
     optin[dev] = limit;
   }

@@ -1,6 +1,7 @@
 // GPU parity of the prefill sparse attention kernel (sparse_attn_tiled.cuh: one block per query and
-// group of 32 heads, all heads of a chunk at once): it must give the same bits as the rows kernel
-// (one block walks the list per head, the reference's loop restated) and match the CPU reference.
+// group of 32 heads, or of 8 in its narrow form, all heads of a chunk at once): it must give the
+// same bits as the rows kernel (one block walks the list per head, the reference's loop restated)
+// and match the CPU reference.
 // Shapes beyond the model's own: head counts that are not a multiple of the 32-head group, d with a
 // partial second 256-wide K block and d below one K block, lists that are not a multiple of the
 // 64-entry chunk (tail chunks of 1 and 2 entries), chunks without a valid entry, a list with no
@@ -77,15 +78,35 @@ void run_tiled_case(const TiledCase& k, uint64_t seed) {
   a.n_q = n_q;
   a.heads = H;
   a.d = d;
-  a.out = o_tiled.as<float>();
-  ASSERT_EQ(gpu::raw::sparse_attention_tiled(a, nullptr), cudaSuccess) << "the H200 takes every case here";
   a.out = o_rows.as<float>();
   ASSERT_EQ(gpu::raw::sparse_attention_rows(a, gpu::kPrefillHeads, nullptr), cudaSuccess);
   sync_ok();
-  const std::vector<float> got = o_tiled.host<float>();
-  expect_equal(what + " vs rows", got, o_rows.host<float>());
-  expect_close(what + " vs cpu", got, want, kNmseBf16);
-  expect_guards(what, o_tiled);
+  const std::vector<float> rows_out = o_rows.host<float>();
+  expect_close(what + " rows vs cpu", rows_out, want, kNmseBf16);
+  // Each form (wide: 32 heads, two buffers; narrow: 8 heads, one) and the automatic choice: the
+  // rows kernel's bits where the form fits the device's shared memory (every case on the H200; the
+  // narrow form only at d = 512 under GB10's 99 KB), refused with nothing launched beyond it.
+  size_t smallest = SIZE_MAX;
+  for (int v = 0; v < gpu::raw::sparse_attention_tiled_variants(); ++v)
+    smallest = std::min(smallest, gpu::raw::sparse_attention_tiled_variant_smem(d, v));
+  for (int v = -1; v < gpu::raw::sparse_attention_tiled_variants(); ++v) {
+    const std::string name = what + (v < 0 ? std::string(" automatic") : " form " + std::to_string(v));
+    o_tiled.poison();
+    a.out = o_tiled.as<float>();
+    const cudaError_t e =
+        v < 0 ? gpu::raw::sparse_attention_tiled(a, nullptr) : gpu::raw::sparse_attention_tiled_variant(a, v, nullptr);
+    const size_t bytes = v < 0 ? smallest : gpu::raw::sparse_attention_tiled_variant_smem(d, v);
+    expect_smem_outcome(name, e, bytes, cudaErrorNotSupported);
+    sync_ok();
+    if (e == cudaSuccess) {
+      const std::vector<float> got = o_tiled.host<float>();
+      expect_equal(name + " vs rows", got, rows_out);
+      expect_close(name + " vs cpu", got, want, kNmseBf16);
+    } else {
+      EXPECT_TRUE(o_tiled.poisoned()) << name << ": a refused launch wrote outputs";
+    }
+    expect_guards(name, o_tiled);
+  }
   expect_guards(what, o_rows);
 }
 

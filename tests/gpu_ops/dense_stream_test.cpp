@@ -23,6 +23,15 @@ namespace {
 namespace gpu = ops::gpu;
 namespace raw = ops::gpu::raw;
 
+// Whether this device gives a block H200-class shared memory (227 KB), where the plans these tests
+// name were measured. Under GB10's 99 KB (the suites' second run) fewer plans fit: fp32 rows of
+// 5120 with four activation rows need 100 KB even at one weight row per tile, so such calls go to
+// lin_dense's other kernels; there the tests still check every output against the CPU and that a
+// plan never exceeds the limit, but not which kernel takes a call or how many forced plans fit.
+bool roomy_smem() { return gpu::smem_per_block_limit() >= 200 * 1024; }
+// `want` on H200-class devices, no pinned choice on the others.
+std::optional<bool> where_roomy(std::optional<bool> want) { return roomy_smem() ? want : std::nullopt; }
+
 // Forces the streaming kernel's mode and plan while in scope (0 = chosen per call).
 struct StreamForce {
   int mode, rows, stages, cps;
@@ -138,11 +147,11 @@ TEST(DenseStream, DecodeShapesMatchCpu) {
       };
       for (size_t i = 0; i < ps.size(); ++i) {
         if (m <= raw::kDenseStreamMaxRows) {
-          ps[i]->check(s.name + " automatic", expect[i]);
+          ps[i]->check(s.name + " automatic", where_roomy(expect[i]));
         } else {
           ps[i]->check(s.name + " automatic", false);
           StreamForce on(2, 2, 3, 0);
-          ps[i]->check(s.name + " forced on", true);
+          ps[i]->check(s.name + " forced on", where_roomy(true));
         }
       }
     }
@@ -159,10 +168,14 @@ TEST(DenseStream, ManyRowsStreamMatchesCpu) {
     StreamForce force(2, 4, 2, 0);
     raw::DenseStreamPlan plan;
     Guarded dy(4);
-    ASSERT_TRUE(raw::dense_stream_plan(p.args(dy.as<float>()), &plan));
-    EXPECT_GT(plan.tiles, plan.ctas) << "CTAs should walk several tiles";
-    EXPECT_EQ(plan.stages, 2);
-    p.check("4 rows per tile, 2 stages", true);
+    const bool planned = raw::dense_stream_plan(p.args(dy.as<float>()), &plan);
+    if (roomy_smem()) ASSERT_TRUE(planned);
+    if (planned) {
+      EXPECT_LE(plan.smem, gpu::smem_per_block_limit());
+      EXPECT_GT(plan.tiles, plan.ctas) << "CTAs should walk several tiles";
+      EXPECT_EQ(plan.stages, 2);
+    }
+    p.check("4 rows per tile, 2 stages", planned);
   }
 }
 
@@ -191,13 +204,14 @@ TEST(DenseStream, EveryPlanMatchesCpu) {
         // a forced plan whose shared memory does not fit leaves the call to the other kernels
         const bool fits = raw::dense_stream_plan(p->args(dy.as<float>()), &plan);
         if (fits) {
+          EXPECT_LE(plan.smem, gpu::smem_per_block_limit()) << p->what;
           EXPECT_EQ(plan.rows_per_tile, f.rows) << p->what;
           EXPECT_EQ(plan.stages, f.stages) << p->what;
           ++streamed;
         }
         p->check(tag, fits);
       }
-      EXPECT_GE(streamed, 3) << p->what;
+      if (roomy_smem()) EXPECT_GE(streamed, 3) << p->what;
     }
   }
 }
@@ -219,7 +233,7 @@ TEST(DenseStream, Declines) {
     StreamForce off(1, 0, 0, 0);
     p.check("off", false);
   }
-  p.check("automatic", true);
+  p.check("automatic", true);  // 512 fp32 rows, two activation rows: fits GB10 as well
 }
 
 // The decode calls of the real model exactly as their call sites make them (src/ops/gpu_compressor.cpp,
@@ -276,7 +290,7 @@ TEST(DenseStream, RealDecodeCallsAutomaticPlanMatchesCpu) {
     } else {
       std::printf("  [plan]   %-60s none on %d SMs\n", what.c_str(), sms);
     }
-    if (sms >= 132) EXPECT_TRUE(planned) << "no one-wave plan on a device of " << sms << " SMs";
+    if (sms >= 132 && roomy_smem()) EXPECT_TRUE(planned) << "no one-wave plan on a device of " << sms << " SMs";
     p.check("automatic", planned);
   });
 }
@@ -329,6 +343,7 @@ TEST(DenseStream, RealDecodeCallsMultiStagePlansMatchCpu) {
       raw::DenseStreamPlan plan;
       const bool fits = raw::dense_stream_plan(p.args(probe.as<float>()), &plan);
       if (fits) {
+        EXPECT_LE(plan.smem, gpu::smem_per_block_limit()) << p.what << " " << tag;
         EXPECT_EQ(plan.rows_per_tile, f.rows) << p.what << " " << tag;
         EXPECT_EQ(plan.stages, f.stages) << p.what << " " << tag;
         staged += plan.stages > 1;
@@ -336,8 +351,10 @@ TEST(DenseStream, RealDecodeCallsMultiStagePlansMatchCpu) {
       }
       p.check(tag, fits);
     }
-    EXPECT_GE(staged, 2) << rc.name << " " << p.what;
-    if (rc.out > 2 * sms) EXPECT_GE(walking, 2) << rc.name << " " << p.what;
+    if (roomy_smem()) {
+      EXPECT_GE(staged, 2) << rc.name << " " << p.what;
+      if (rc.out > 2 * sms) EXPECT_GE(walking, 2) << rc.name << " " << p.what;
+    }
   });
 }
 

@@ -19,6 +19,7 @@
 #include "dsv41/config/model_config.h"
 #include "dsv41/ops/gpu_buffer.h"
 #include "dsv41/ops/gpu_ops.h"
+#include "ops/smem_limit.h"
 
 namespace dsv41::test {
 
@@ -104,6 +105,13 @@ class Guarded {
   void poison(uint8_t value = 0xFF) {
     const std::vector<uint8_t> fill(bytes_, value);
     buf_.upload(fill.data(), fill.size(), kGuard);
+  }
+  // True when every payload byte still holds `value` (nothing was written since poison()).
+  bool poisoned(uint8_t value = 0xFF) const {
+    const std::vector<uint8_t> v = host<uint8_t>();
+    for (uint8_t b : v)
+      if (b != value) return false;
+    return true;
   }
   // True when both guard zones are intact.
   bool guards_ok() const {
@@ -191,6 +199,24 @@ inline double time_us(F fn, int reps = 10) {
 inline void report_time(const std::string& what, double us) { std::printf("  [time]   %-44s %9.1f us\n", what.c_str(), us); }
 
 inline void sync_ok() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
+
+// Whether a kernel layout of `bytes` of dynamic shared memory must run on this device (under its
+// per-block limit, lowered to GB10's by DSV41_SMEM_PER_BLOCK in the suites' second run), must be
+// refused (beyond it), or may go either way (within 1 KB of it: the kernel's static shared memory).
+enum class SmemFit { kRuns, kRefused, kEither };
+inline SmemFit smem_fit(size_t bytes) {
+  const size_t limit = ops::gpu::smem_per_block_limit();
+  if (bytes + 1024 <= limit) return SmemFit::kRuns;
+  return bytes > limit ? SmemFit::kRefused : SmemFit::kEither;
+}
+// The launch status a layout of `bytes` must give: success where it must run, `refusal` (nothing
+// launched) where it must be refused; either where either may happen.
+inline void expect_smem_outcome(const std::string& what, cudaError_t e, size_t bytes, cudaError_t refusal) {
+  const SmemFit fit = smem_fit(bytes);
+  if (fit == SmemFit::kRuns) EXPECT_EQ(e, cudaSuccess) << what << ": " << bytes << " bytes of shared memory fit";
+  else if (fit == SmemFit::kRefused) EXPECT_EQ(e, refusal) << what << ": " << bytes << " bytes exceed the limit";
+  else EXPECT_TRUE(e == cudaSuccess || e == refusal) << what << ": " << cudaGetErrorString(e);
+}
 
 inline std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
   std::vector<uint16_t> o(v.size());

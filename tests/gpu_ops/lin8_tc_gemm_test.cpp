@@ -31,6 +31,17 @@ constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
 // Sets the tensor-core GEMM's row threshold and tile while in scope.
 using TcSettings = ScopedGemmDispatch<&gpu::raw::set_lin8_tc_min_rows, &gpu::raw::set_lin8_tc_tile>;
 
+// The tensor-core tiles that fit this device's shared memory for inputs of `in`: both on the H200,
+// the 64 x 64 tile alone under GB10's 99 KB (the suites' second run). Never none: the engine's
+// prefill linears need one. TilesBeyondTheDeviceAreRefused checks the others are refused.
+std::vector<int> tc_tiles(int64_t in) {
+  std::vector<int> tiles;
+  for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile)
+    if (gpu::raw::lin8_tc_gemm_tile_fits(tile, in)) tiles.push_back(tile);
+  EXPECT_FALSE(tiles.empty()) << "no tensor-core tile fits this device for K = " << in;
+  return tiles;
+}
+
 // One Lin8 weight: host codes and scales, device copies, and the CPU reference's linear over them.
 struct Weight {
   int64_t in, out;
@@ -183,7 +194,7 @@ void exact_case(const std::string& tag, int64_t in, const std::vector<int64_t>& 
   const std::vector<int64_t> rows = checked_rows(m, in * wg.sum_out);
   std::vector<std::vector<float>> want;
   for (const Weight* w : parts) want.push_back(cpu_rows(*w, x, rows, round_bf16));
-  for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
+  for (int tile : tc_tiles(in)) {
     TcSettings tc(1, tile);
     const std::string wt = what + " tile " + std::to_string(tile);
     const auto got = run(wt, parts, qa, 0, m, round_bf16, false);
@@ -255,11 +266,9 @@ void bound_case(const std::string& tag, int64_t in, const std::vector<int64_t>& 
 }
 
 TEST(GpuLin8TcGemm, FullRangeWithinBound) {
-  for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
-    bound_case("ragged", 96, {70, 9}, 129, false, tile);
-    bound_case("ragged", 1280, {544, 1, 100}, 300, true, tile);
-    bound_case("ragged", 5120, {96, 33}, 64, false, tile);
-  }
+  for (int tile : tc_tiles(96)) bound_case("ragged", 96, {70, 9}, 129, false, tile);
+  for (int tile : tc_tiles(1280)) bound_case("ragged", 1280, {544, 1, 100}, 300, true, tile);
+  for (int tile : tc_tiles(5120)) bound_case("ragged", 5120, {96, 33}, 64, false, tile);
   const ModelConfig& c = shape_sets()[0].cfg;
   bound_case("real wq_b", c.q_lora_rank, {c.num_attention_heads * c.head_dim}, 256, true, 0);
   bound_case("real shared w2", c.moe_intermediate_size, {c.hidden_size}, 300, false, 0);
@@ -278,9 +287,12 @@ void invariance_case(const std::string& tag, int64_t in, const std::vector<int64
   QuantAct qa(x, m, in);
   std::vector<std::vector<float>> ref;
   const int64_t sub = std::min<int64_t>(64, m - 37);  // a call over rows 37 .. 37 + sub - 1
+  const std::vector<int> tiles = tc_tiles(in);
+  ASSERT_FALSE(tiles.empty());
+  const int first = tiles.front();
   {
-    TcSettings tc(1, 1);
-    ref = run(what + " tile 1", parts, qa, 0, m, false, false);
+    TcSettings tc(1, first);
+    ref = run(what + " tile " + std::to_string(first), parts, qa, 0, m, false, false);
   }
   auto same_rows = [&](const std::string& label, const std::vector<std::vector<float>>& got, int64_t r0, int64_t n) {
     for (size_t p = 0; p < parts.size(); ++p) {
@@ -289,14 +301,14 @@ void invariance_case(const std::string& tag, int64_t in, const std::vector<int64
       expect_equal(what + " " + label + " part " + std::to_string(p), got[p], want);
     }
   };
-  for (int tile = 2; tile <= gpu::raw::kLin8TcTiles; ++tile) {
-    TcSettings tc(1, tile);
-    const std::string t = " tile " + std::to_string(tile);
+  for (size_t i = 1; i < tiles.size(); ++i) {
+    TcSettings tc(1, tiles[i]);
+    const std::string t = " tile " + std::to_string(tiles[i]);
     same_rows("all rows" + t, run(what, parts, qa, 0, m, false, false), 0, m);
     same_rows("rows from 37" + t, run(what, parts, qa, 37, sub, false, false), 37, sub);
   }
   {
-    TcSettings tc(1, 1);
+    TcSettings tc(1, first);
     same_rows("solo calls", run(what, parts, qa, 0, m, false, false, true), 0, m);
     same_rows("rows from 37", run(what, parts, qa, 37, sub, false, false), 37, sub);
     for (int64_t r : {int64_t{0}, int64_t{5}, m - 1}) same_rows("row " + std::to_string(r), run(what, parts, qa, r, 1, false, false), r, 1);
@@ -328,7 +340,7 @@ void scaled_case(const std::string& tag, int64_t in, const std::vector<int64_t>&
   for (int64_t k = 32; k < 64 && k < in; ++k) x[static_cast<size_t>(3 * in + k)] = std::ldexp(x[static_cast<size_t>(3 * in + k)], -14);
   QuantAct qa(x, m, in);
   const DeviceBuffer rows16(static_cast<size_t>(gpu::lin8_rows16_bytes(m, in)));
-  for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
+  for (int tile : tc_tiles(in)) {
     TcSettings tc(1, tile);
     const std::string t = what + " tile " + std::to_string(tile);
     const auto codes = run(t + " codes", parts, qa, 0, m, round_bf16, false);
@@ -421,7 +433,7 @@ TEST(GpuLin8TcGemm, PartialLastStageBitExactWhenBlockSumsFit) {
 
 TEST(GpuLin8TcGemm, PartialLastStageWithinBound) {
   for (int64_t in : kPartialStageIns)
-    for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile) {
+    for (int tile : tc_tiles(in)) {
       bound_case("partial stage", in, {200, 37}, 129, tile == 1, tile);
       bound_case("partial stage", in, {96}, 300, tile == 2, tile);
     }
@@ -469,10 +481,60 @@ void sequential_case(const std::string& tag, int64_t in, const std::vector<int64
     check("automatic");
   }
   for (int tile = 1; tile <= 5; ++tile) {
+    if (!gpu::raw::lin8_gemm_tile_fits(tile)) continue;  // refused: TilesBeyondTheDeviceAreRefused
     SequentialGemmSettings forced(1, tile);
     EXPECT_TRUE(gpu::raw::lin8_gemm_takes(group_args(parts, qa, 0, m, round_bf16, true)));
     check("cuda-core gemm tile " + std::to_string(tile));
   }
+}
+
+// Under a device's shared-memory limit (GB10's 99 KB in the suites' second run): a forced tile of
+// either GEMM that does not fit is refused with cudaErrorInvalidValue and writes nothing, a tile
+// that fits runs; the engine's automatic choices keep to tiles that fit, so the real prefill shapes
+// still take the tensor-core GEMM (and the unsplit CUDA-core tiles, which fit GB10 too, remain).
+TEST(GpuLin8TcGemm, TilesBeyondTheDeviceAreRefused) {
+  const ModelConfig& c = shape_sets()[0].cfg;
+  const int64_t in = c.hidden_size, m = 130;
+  const std::vector<int64_t> outs = {c.q_lora_rank, c.head_dim};
+  Rng rng(77);
+  const WeightGroup wg = make_weight_group(rng, in, outs, false);
+  const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
+  QuantAct qa(x, m, in);
+  auto attempt = [&](const std::string& what, bool fits, auto&& call) {
+    gpu::Lin8GroupArgs g = group_args(wg.parts, qa, 0, m, false, false);
+    std::vector<std::unique_ptr<Guarded>> ys;
+    for (size_t p = 0; p < wg.parts.size(); ++p) {
+      ys.push_back(std::make_unique<Guarded>(static_cast<size_t>(m * outs[p]) * 4));
+      ys[p]->poison();
+      g.lin[p].y = ys[p]->as<float>();
+      g.lin[p].y_stride = outs[p];
+    }
+    const cudaError_t e = call(g);
+    sync_ok();
+    if (fits) {
+      EXPECT_EQ(e, cudaSuccess) << what;
+      return;
+    }
+    EXPECT_EQ(e, cudaErrorInvalidValue) << what << ": a tile beyond the device's shared memory";
+    for (size_t p = 0; p < wg.parts.size(); ++p) {
+      EXPECT_TRUE(ys[p]->poisoned()) << what << " part " << p << ": a refused call wrote outputs";
+      expect_guards(what, *ys[p]);
+    }
+  };
+  for (int tile = 1; tile <= gpu::raw::kLin8TcTiles; ++tile)
+    attempt("tensor-core tile " + std::to_string(tile), gpu::raw::lin8_tc_gemm_tile_fits(tile, in),
+            [&](const gpu::Lin8GroupArgs& g) { return gpu::raw::lin8_tc_gemm(g, tile, nullptr); });
+  for (int tile = 1; tile <= 5; ++tile) {
+    SequentialGemmSettings forced(1, tile);
+    attempt("cuda-core tile " + std::to_string(tile), gpu::raw::lin8_gemm_tile_fits(tile), [&](gpu::Lin8GroupArgs g) {
+      for (int p = 0; p < g.count; ++p) g.lin[p].exact_block_sums = true;  // the CUDA-core GEMM's path
+      return gpu::raw::lin8_gemm(g, nullptr);
+    });
+  }
+  EXPECT_TRUE(gpu::raw::lin8_gemm_tile_fits(3)) << "the unsplit 128 x 128 CUDA-core tile (66 KB) fits every target";
+  EXPECT_TRUE(gpu::raw::lin8_tc_gemm_supported(group_args(wg.parts, qa, 0, m, false, false)));
+  for (const int64_t k : {c.hidden_size, c.q_lora_rank, c.o_groups * c.o_lora_rank, c.moe_intermediate_size})
+    EXPECT_TRUE(gpu::raw::lin8_tc_gemm_tile_fits(2, k)) << "the 64 x 64 tensor-core tile must fit for K = " << k;
 }
 
 TEST(GpuLin8TcGemm, PartialLastStageExactBlockSumsMatchCpu) {

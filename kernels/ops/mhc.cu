@@ -366,18 +366,23 @@ __device__ __forceinline__ void warps_barrier(int count) {
 // bound work) and staged_square_partials (immediate-offset loads) a mix call takes 9.4 against
 // 10.7 µs (m = 1, CUDA graph; 10.1 against 11.3 at m = 4). A variant with the loads a whole 4-step
 // set ahead (104 registers) measured the same alone and no better inside decode steps.
+// kWGlobal: the mix row is read in place from global memory (L2: the layer's mix rows are ~2 MB)
+// and only the streams are staged, half the shared memory (GB10's 99 KB a block holds one row of
+// hc·dim = 20,480 floats, not two); the same chains.
+template <bool kWGlobal>
 __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMixArgs a) {
   extern __shared__ float4 smem_f4[];
   const int64_t i = blockIdx.x, t = blockIdx.y;
   const int64_t k = a.hc * a.dim, n_mix = (2 + a.hc) * a.hc, rows = dev::chain_rows_size(k), parts = mix_parts(a);
   float* sh = reinterpret_cast<float*>(smem_f4);
-  float* sw = sh + rows;
-  float* part = sw + rows;
+  float* sw = kWGlobal ? nullptr : sh + rows;
+  float* part = sh + (kWGlobal ? 1 : 2) * rows;
   float* scratch = part + (parts + 3) / 4 * 4;  // torch_sum_scratch_floats(k)
   __shared__ float s_rsqrt;
   // The mix row (a weight: no kernel writes it) is requested before the wait for the previous
   // kernel, so with PDL its copy overlaps that kernel's tail; the streams only after the wait.
-  stage_swizzled_async(sw, a.fn + i * k, k);
+  if constexpr (!kWGlobal) stage_swizzled_async(sw, a.fn + i * k, k);
+  const float* w = kWGlobal ? a.fn + i * k : sw;
   dev::pdl_enter();
   stage_swizzled_async(sh, a.h + t * k, k);
   dev::cp_async_wait_all();
@@ -387,7 +392,7 @@ __global__ void __launch_bounds__(kStagedThreads) hc_mix_dots_staged_kernel(HcMi
   if (tid < parts) {
     int64_t k0, k1;
     mix_part_range(a, k, tid, k0, k1);
-    part[tid] = dev::staged_chain_dot(sw, sh, static_cast<int>(k0), static_cast<int>(k1));
+    part[tid] = dev::staged_chain_dot<kWGlobal>(w, sh, static_cast<int>(k0), static_cast<int>(k1));
   } else if (warp >= sum_warp) {
     const int stat_warps = kStagedThreads / 32 - sum_warp;
     staged_square_partials(sh, static_cast<int>(k), warp - sum_warp, stat_warps, scratch);
@@ -558,10 +563,18 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
   // The staged chains read float4-aligned starts: the blocked order's second half starts at
   // K - rest/2, a multiple of 4 only when K is a multiple of 8.
   const bool aligned_parts = a.k_parts != model::kMixGemmBlocked || k % 8 == 0;
-  const bool staged = (a.k_parts == 0 || a.n <= kStagedMaxTokensPartsP) && parts <= kStagedThreads - 32 &&
-                      staged_smem_fits<hc_mix_dots_staged_kernel>(staged_smem) && aligned_parts;
+  const bool stageable =
+      (a.k_parts == 0 || a.n <= kStagedMaxTokensPartsP) && parts <= kStagedThreads - 32 && aligned_parts;
+  // Both rows staged where they fit (the H200), else the streams alone with the mix row read in
+  // place (GB10), which needs 16-byte aligned mix rows.
+  const size_t one_row_smem = staged_smem - static_cast<size_t>((k + 255) / 256 * 256) * sizeof(float);
+  const bool both = stageable && staged_smem_fits<hc_mix_dots_staged_kernel<false>>(staged_smem);
+  const bool one = stageable && !both && reinterpret_cast<uintptr_t>(a.fn) % 16 == 0 && k % 4 == 0 &&
+                   staged_smem_fits<hc_mix_dots_staged_kernel<true>>(one_row_smem);
+  const bool staged = both || one;
   if (staged && !tiled) {
-    const cudaError_t e = allow_dynamic_smem<hc_mix_dots_staged_kernel>(staged_smem);
+    const cudaError_t e = both ? allow_dynamic_smem<hc_mix_dots_staged_kernel<false>>(staged_smem)
+                               : allow_dynamic_smem<hc_mix_dots_staged_kernel<true>>(one_row_smem);
     if (e != cudaSuccess) return e;
   }
   const bool fused = !tiled && !a.raw_dots && staged && a.counters && a.n <= kMaxFusedTokens && a.hc <= kMaxFusedSplitHc;
@@ -572,7 +585,8 @@ cudaError_t hc_mix(const HcMixArgs& a, cudaStream_t s) {
     b.h = a.h + t0 * a.hc * a.dim;
     b.mix = a.mix + t0 * (2 + a.hc) * a.hc;
     const dim3 grid(static_cast<unsigned>((2 + a.hc) * a.hc), static_cast<unsigned>(b.n));
-    if (staged) launch_pdl(hc_mix_dots_staged_kernel, grid, kStagedThreads, staged_smem, s, b);
+    if (both) launch_pdl(hc_mix_dots_staged_kernel<false>, grid, kStagedThreads, staged_smem, s, b);
+    else if (one) launch_pdl(hc_mix_dots_staged_kernel<true>, grid, kStagedThreads, one_row_smem, s, b);
     else launch_pdl(hc_mix_dots_kernel, grid, 64, 0, s, b);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;

@@ -32,6 +32,9 @@ constexpr int kStagedChainAhead = 6;
 
 // All 64 four-element steps of 256-element block s, continuing from acc. Block s holds step q in
 // 16-byte chunk q ^ (s & 7): one of eight per-thread chunk values plus the compile-time 8 * (q / 8).
+// kAGlobal: row a is not staged but read in place (global memory, plain layout, 16-byte aligned),
+// where shared memory holds only row b (GB10: mhc.cu); the same fmas in the same order.
+template <bool kAGlobal = false>
 __device__ __forceinline__ float staged_chain_block(const float* a, const float* b, int s, float acc) {
   const float4* a4 = reinterpret_cast<const float4*>(a) + (s << 6);
   const float4* b4 = reinterpret_cast<const float4*>(b) + (s << 6);
@@ -40,17 +43,18 @@ __device__ __forceinline__ float staged_chain_block(const float* a, const float*
 #pragma unroll
   for (int u = 0; u < 8; ++u) chunk[u] = u ^ x;
   auto at = [&](int q) { return ((q >> 3) << 3) + chunk[q & 7]; };
+  auto load_a = [&](int q) { return kAGlobal ? __ldg(a4 + q) : a4[at(q)]; };
   float4 ra[kStagedChainAhead], rb[kStagedChainAhead];
 #pragma unroll
   for (int q = 0; q < kStagedChainAhead; ++q) {
-    ra[q] = a4[at(q)];
+    ra[q] = load_a(q);
     rb[q] = b4[at(q)];
   }
 #pragma unroll
   for (int q = 0; q < 64; ++q) {
     const float4 va = ra[q % kStagedChainAhead], vb = rb[q % kStagedChainAhead];
     if (q + kStagedChainAhead < 64) {
-      ra[q % kStagedChainAhead] = a4[at(q + kStagedChainAhead)];
+      ra[q % kStagedChainAhead] = load_a(q + kStagedChainAhead);
       rb[q % kStagedChainAhead] = b4[at(q + kStagedChainAhead)];
     }
     acc = chain_fma4(va, vb, acc);
@@ -97,16 +101,18 @@ __device__ __forceinline__ void staged_chain_block_multi(const float* w, const f
   }
 }
 
-// Steps [q0, q1) of block s (q0 < q1), continuing from acc, one step's loads ahead.
+// Steps [q0, q1) of block s (q0 < q1), continuing from acc, one step's loads ahead (kAGlobal as
+// staged_chain_block).
+template <bool kAGlobal = false>
 __device__ __forceinline__ float staged_chain_steps(const float* a, const float* b, int s, int q0, int q1, float acc) {
   const float4* a4 = reinterpret_cast<const float4*>(a) + (s << 6);
   const float4* b4 = reinterpret_cast<const float4*>(b) + (s << 6);
-  const int x = s & 7;
-  float4 na = a4[q0 ^ x], nb = b4[q0 ^ x];
+  const int x = s & 7, xa = kAGlobal ? 0 : x;
+  float4 na = a4[q0 ^ xa], nb = b4[q0 ^ x];
   for (int q = q0; q < q1; ++q) {
     const float4 va = na, vb = nb;
     if (q + 1 < q1) {
-      na = a4[(q + 1) ^ x];
+      na = a4[(q + 1) ^ xa];
       nb = b4[(q + 1) ^ x];
     }
     acc = chain_fma4(va, vb, acc);
@@ -114,18 +120,20 @@ __device__ __forceinline__ float staged_chain_steps(const float* a, const float*
   return acc;
 }
 
-// The chain over elements [k0, k1) (k0 a multiple of 4) from zero: swizzled_chain_dot's value.
+// The chain over elements [k0, k1) (k0 a multiple of 4) from zero: swizzled_chain_dot's value
+// (kAGlobal as staged_chain_block).
+template <bool kAGlobal = false>
 __device__ __forceinline__ float staged_chain_dot(const float* a, const float* b, int k0, int k1) {
   float acc = 0.0f;
   const int k4 = k0 + ((k1 - k0) & ~3);
   int j = k0;
   while (j < k4) {
     const int s = j >> 8, b0 = s << 8, e = k4 < b0 + 256 ? k4 : b0 + 256;
-    acc = j == b0 && e == b0 + 256 ? staged_chain_block(a, b, s, acc)
-                                   : staged_chain_steps(a, b, s, (j - b0) >> 2, (e - b0) >> 2, acc);
+    acc = j == b0 && e == b0 + 256 ? staged_chain_block<kAGlobal>(a, b, s, acc)
+                                   : staged_chain_steps<kAGlobal>(a, b, s, (j - b0) >> 2, (e - b0) >> 2, acc);
     j = e;
   }
-  for (; j < k1; ++j) acc = fmaf(a[chain_swizzle_i32(j)], b[chain_swizzle_i32(j)], acc);
+  for (; j < k1; ++j) acc = fmaf(a[kAGlobal ? j : chain_swizzle_i32(j)], b[chain_swizzle_i32(j)], acc);
   return acc;
 }
 

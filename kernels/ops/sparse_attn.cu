@@ -678,8 +678,8 @@ cudaError_t sparse_attention_rows(const SparseAttnArgs& a, int heads_per_block, 
 
 // The split variant for n_q queries. bench_gpu_attention on the H200, us per call at 640 entries
 // (variants 0 / 1 / 2): 1 query 34.5 / 38.9 / 28.5, 2 queries 52.2 / 62.3 / 52.5, 4 queries
-// 87.1 / 104.0 / 81.1; 128 entries: 20.9 / 23.2 / 12.9. Variant 2 everywhere; variant 0 when a
-// list's layout does not fit its shared memory (sparse_attention_split falls back).
+// 87.1 / 104.0 / 81.1; 128 entries: 20.9 / 23.2 / 12.9. Variant 2 everywhere; variants 1, then 0,
+// where the device refuses it (sparse_attention_split falls back).
 int split_choice(int64_t /*n_q*/) { return 2; }
 
 // A variant the device refuses (its layout beyond the shared memory a block gets, as for the decode

@@ -8,9 +8,9 @@
 //
 // Per chunk the reference runs, per head, three steps; here each is one block-wide phase:
 //  1. scores: the dot.h chains (one fma chain from zero per 256-wide K block, q·row in K order).
-//     These are H heads x 64 entries x 2 blocks (4096 at H = 32) independent chains; a thread of the
-//     8·H walks 16 of them side by side (4 heads x 4 entries of one K block), so every staged row vector and every
-//     q vector it loads feeds 4 chains. The block totals are added as gemm_dot_f32 does
+//     These are H heads x 64 entries x 2 blocks (4096 at H = 32) independent chains; each of the
+//     8·H threads walks 16 of them side by side (4 heads x 4 entries of one K block), so every
+//     staged row vector and every q vector it loads feeds 4 chains. The block totals are added as gemm_dot_f32 does
 //     (0 + block 0 + block 1), times the scale; a skipped entry scores -inf.
 //  2. softmax terms (one warp per head, as the rows kernel): max, c = exp(m - m'), fp32
 //     probabilities, their torch_sum, l = l·c + psum, bf16-rounded probabilities for PV.

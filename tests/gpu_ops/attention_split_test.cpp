@@ -104,6 +104,7 @@ void run_split_case(const AttnCase& k, uint64_t seed) {
     expect_smem_outcome(name, e, v < 0 ? smallest : gpu::raw::sparse_attention_split_smem(a, v), cudaErrorNotSupported);
     if (e != cudaSuccess) {
       sync_ok();
+      EXPECT_TRUE(o_split.poisoned()) << name << ": a refused launch wrote outputs";
       expect_guards(name + " (refused)", o_split);
       continue;  // the other variants still run
     }

@@ -23,9 +23,16 @@ size_t env_cap() {
   return cap;
 }
 
-std::atomic<size_t>& hook_cap() {
-  static std::atomic<size_t> cap{0};
-  return cap;
+// Runs `f` with this thread in the relaxed stream-capture mode (attribute queries and changes are
+// refused inside a global-mode capture), restoring the mode after.
+template <class F>
+cudaError_t relaxed(F&& f) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaError_t e = cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e != cudaSuccess) return e;
+  e = f();
+  const cudaError_t restore = cudaThreadExchangeStreamCaptureMode(&mode);
+  return e != cudaSuccess ? e : restore;
 }
 
 // The device's own opt-in limit, cached per device (0: unknown).
@@ -36,7 +43,9 @@ size_t device_optin(int dev) {
     if (c > 0) return static_cast<size_t>(c);
   }
   int v = 0;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) {
+  const cudaError_t e =
+      relaxed([&] { return cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev); });
+  if (e != cudaSuccess || v <= 0) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -55,7 +64,7 @@ size_t static_smem(const void* fn, int dev) {
     if (it != cache.end()) return it->second;
   }
   cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, fn) != cudaSuccess) {
+  if (relaxed([&] { return cudaFuncGetAttributes(&attr, fn); }) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -65,22 +74,8 @@ size_t static_smem(const void* fn, int dev) {
 }
 
 size_t limit_of(int dev) {
-  size_t limit = device_optin(dev);
-  for (const size_t cap : {env_cap(), hook_cap().load(std::memory_order_relaxed)})
-    if (cap > 0 && cap < limit) limit = cap;
-  return limit;
-}
-
-// Runs `f` with this thread in the relaxed stream-capture mode (attribute queries and changes are
-// refused inside a global-mode capture), restoring the mode after.
-template <class F>
-cudaError_t relaxed(F&& f) {
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaError_t e = cudaThreadExchangeStreamCaptureMode(&mode);
-  if (e != cudaSuccess) return e;
-  e = f();
-  const cudaError_t restore = cudaThreadExchangeStreamCaptureMode(&mode);
-  return e != cudaSuccess ? e : restore;
+  const size_t limit = device_optin(dev), cap = env_cap();
+  return cap > 0 && cap < limit ? cap : limit;
 }
 
 }  // namespace
@@ -100,13 +95,9 @@ size_t max_dynamic_smem(const void* fn) {
     (void)cudaGetLastError();
     return 0;
   }
-  size_t most = 0;
-  const cudaError_t e = relaxed([&] {
-    const size_t limit = limit_of(dev), fixed = static_smem(fn, dev);
-    most = limit > fixed ? limit - fixed : 0;
-    return cudaSuccess;
-  });
-  return e == cudaSuccess ? most : 0;
+  // Cached after the first call per device and kernel: launchers ask on every call.
+  const size_t limit = limit_of(dev), fixed = static_smem(fn, dev);
+  return limit > fixed ? limit - fixed : 0;
 }
 
 bool smem_fits(const void* fn, size_t dynamic_bytes) { return dynamic_bytes <= max_dynamic_smem(fn); }
@@ -117,7 +108,5 @@ cudaError_t raise_dynamic_smem(const void* fn, size_t dynamic_bytes) {
     return cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_bytes));
   });
 }
-
-size_t set_smem_per_block_cap(size_t bytes) { return hook_cap().exchange(bytes); }
 
 }  // namespace dsv41::ops::gpu

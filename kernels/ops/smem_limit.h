@@ -5,17 +5,15 @@
 // (sm_121, the product's GPU) 99 KB. Every launcher that wants more than the default 48 KB asks
 // here, so a layout that does not fit the device is refused (or, where a launcher has a smaller
 // form, not chosen) instead of failing at launch. DSV41_SMEM_PER_BLOCK=<bytes> lowers the limit
-// (it never raises it): the GPU suites run a second time on the H200 with GB10's 101376 bytes, so
-// the choices and fallbacks GB10 takes are checked there.
+// (it never raises it): ctest runs every GPU test a second time with GB10's 101376 bytes
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_12x), so the choices and fallbacks GB10 takes are
+// checked on the H200.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstddef>
 
 namespace dsv41::ops::gpu {
-
-// GB10's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_12x: 99 KB).
-inline constexpr size_t kGb10SmemPerBlock = 101376;
 
 // Bytes of shared memory (static + dynamic) a block may use on the current device: the device's
 // opt-in limit, lowered by DSV41_SMEM_PER_BLOCK. 0 when the device cannot be read.
@@ -45,9 +43,5 @@ template <class Fn>
 cudaError_t raise_dynamic_smem(Fn* fn, size_t dynamic_bytes) {
   return raise_dynamic_smem(reinterpret_cast<const void*>(fn), dynamic_bytes);
 }
-
-// Test hook: the limit DSV41_SMEM_PER_BLOCK would set (0: none); returns the previous value. Only
-// lowers what the device allows; set it before the kernels under test first raise their limits.
-size_t set_smem_per_block_cap(size_t bytes);
 
 }  // namespace dsv41::ops::gpu

@@ -61,9 +61,11 @@ TEST(Scheduler, PreemptionRecomputesWithoutChangingOutputs) {
   // Room for about 2.5 sequences of 100 tokens: 6 sequences must take turns and get preempted.
   o.kv_cache_gib = gib_for_tokens(m.config(), 100, 2) * 1.25;
   sched::Scheduler s(m, o);
-  s.start();
+  // All six queued before the loop starts: otherwise the first could finish before the last arrive,
+  // and then nothing needs preempting.
   std::vector<std::shared_ptr<sched::TokenChannel>> chans;
   for (int i = 0; i < 6; ++i) chans.push_back(s.submit(greedy(test_support::random_prompt(100 + i, 20), 80)));
+  s.start();
   for (int i = 0; i < 6; ++i) EXPECT_EQ(test_support::drain_ids(*chans[i]), test_support::rule_greedy(m, test_support::random_prompt(100 + i, 20), 80)) << i;
   EXPECT_GT(s.stats().preemptions_total, 0);
   s.stop();

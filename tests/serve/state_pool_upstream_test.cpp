@@ -174,7 +174,8 @@ TEST(StatePoolUpstream, TheSchedulerDrawsStatesFromTheModelsMemory) {
   o.kv_cache_gib = 2.5 * static_cast<double>(b.packed_fixed + 112 * b.packed_per_token) / (1024.0 * 1024.0 * 1024.0);
   sched::Scheduler s(m, o);
   EXPECT_EQ(s.pool().upstream(), &up);
-  s.start();
+  // All six queued before the loop starts, so that they compete for the pool whatever the thread
+  // timing (submitted to a running loop, the first could finish before the last arrive).
   std::vector<std::shared_ptr<sched::TokenChannel>> chans;
   for (int i = 0; i < 6; ++i) chans.push_back(s.submit([&] {
     sched::GenerationRequest r;
@@ -183,6 +184,7 @@ TEST(StatePoolUpstream, TheSchedulerDrawsStatesFromTheModelsMemory) {
     r.sampling.temperature = 0;
     return r;
   }()));
+  s.start();
   for (int i = 0; i < 6; ++i) EXPECT_EQ(test_support::drain_ids(*chans[i]), test_support::rule_greedy(m, test_support::random_prompt(300 + i, 20), 80)) << i;
   EXPECT_GT(s.stats().preemptions_total, 0);
   s.stop();

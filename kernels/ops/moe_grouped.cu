@@ -1,11 +1,11 @@
 // Grouped tensor-core MoE (kernels/ops/moe_grouped.h): bucketing of the (token, slot) pairs by
 // expert, the gate/up matmul with the SwiGLU epilogue, ActQuant8, the down matmul.
 //
-// Tiles. A CTA (4 warps) computes 128 weight rows x BP pairs of one expert: for gate/up the 64
-// features f0.. of w1 and the same 64 of w3 (a warp holds 16 features of each, so g and u of one
-// output meet in one thread), for down 128 features of w2. The MMA's M side is the weight rows and
-// its N side the pairs (m16n8k16: a tile of 4 pairs costs one 8-wide step, not 16); a tile runs
-// 1, 2, 4 or 8 such steps, whichever first covers its pairs. K advances 128 per stage (four 32-wide
+// Tiles. A CTA (4 or 8 warps) computes 32 weight rows a warp x BP pairs of one expert: for gate/up
+// the features f0.. of w1 and the same ones of w3 (a warp holds 16 features of each, so g and u of
+// one output meet in one thread), for down 32 features of w2 a warp. The MMA's M side is the
+// weight rows and its N side the pairs (m16n8k16: a tile of 4 pairs costs one 8-wide step, not
+// 16); a tile runs 1, 2, 4 or 8 such steps, whichever first covers its pairs. K advances 128 per stage (four 32-wide
 // scale blocks) through a cp.async pipeline. BP is 64, 32 or 16 (TileShape): narrower tiles stage
 // only what a small pass has per expert and fit more CTAs per SM; the launcher takes the shape
 // that measured fastest (moe_grouped_auto_variant). With few pairs the kernel is bound by the integer
@@ -27,8 +27,12 @@
 //
 // Scaled path (MoeGroupedArgs::rows16). Each projection's input first becomes f16 rows that carry
 // their block scales (ops/scaled_rows.h); the tiles whose rows all converted read those rows as the
-// B operand (no cvt, no activation-scale loads) and fold a block with one fma, the others keep the
-// codes above, in a second launch over the same grid. Same bits (docs/ARCHITECTURE.md, Numerics).
+// B operand (no cvt, no activation-scale loads), the others keep the codes above, in a second
+// launch over the same grid. With block_fold a block is folded with one fma (the codes path's
+// bits); by default every row converts (round_wide) and a warp whose weight rows allow it sums the
+// whole K in the MMA accumulators, the weights' block scales moved into their f16 values through
+// the e2m1 table (the whole-K form below): no fold, no scale decoding in the loop
+// (docs/ARCHITECTURE.md, Numerics).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -44,36 +48,44 @@
 namespace dsv41::ops::gpu {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kRowsA = 128;                              // weight rows per tile (M)
 constexpr int kBK = static_cast<int>(kMoeGroupedKStep);  // K per stage
 constexpr int kKB = kBK / 32;                            // scale blocks per stage
 // Row strides of the staged tiles, padded so the warp's fragment loads hit distinct banks.
 constexpr int kAStride = kBK / 2 + 16;
 constexpr int kBStride = kBK + 32;
 constexpr int kB16Stride = 2 * kBK;  // f16 rows, unpadded (chunks swizzled: tc::f16_row_chunk)
-static_assert(kRowsA == 4 * 32 && kThreads * 4 == kRowsA * (kBK / 2) / 16);
 
 // Tile shapes: BP pairs per tile (the N side), S pipeline stages (S16 on the scaled path, whose B
-// stage is twice the bytes), MinBlocks CTAs per SM (the register cap of __launch_bounds__). Narrow
-// tiles stage only the pairs a small pass has per expert, so more CTAs (more warps to hide the
-// widening's and the loads' latency) fit on an SM.
-template <int BP, int S, int MinBlocks, int S16>
+// stage is twice the bytes), MinBlocks CTAs per SM (the register cap of __launch_bounds__), Warps
+// warps per CTA, 32 weight rows each (the M side: kRowsA). Narrow tiles stage only the pairs a small
+// pass has per expert, so more CTAs (more warps to hide the widening's and the loads' latency) fit
+// on an SM. A warp widens each of its weights once per tile and feeds it to BP/8 MMAs, so wide tiles
+// spend fewer instructions per MMA; eight warps keep 16 of them on an SM where four-warp 64-pair
+// tiles keep 8.
+template <int BP, int S, int MinBlocks, int S16, int Warps = 4>
 struct TileShape {
   static constexpr int kBP = BP, kStages = S, kMinBlocks = MinBlocks, kStages16 = S16;
+  static constexpr int kThreads = 32 * Warps;
+  static constexpr int kRowsA = 32 * Warps;  // weight rows per tile (M)
   static constexpr int kABytes = kRowsA * kAStride;
   static constexpr int kBBytes = BP * kBStride;
   static constexpr int kAsBytes = kRowsA * kKB;  // E8M0 weight scales
   static constexpr int kBsBytes = BP * kKB * 4;  // fp32 activation scales
   static constexpr int kStageBytes = kABytes + kBBytes + kAsBytes + kBsBytes;
+  // Each thread copies four 16-byte parts of the A stage (kBK / 2 bytes a row).
+  static_assert(kThreads * 4 == kRowsA * (kBK / 2) / 16);
   static_assert(BP % 16 == 0 && BP <= kThreads / 2 && kABytes % 16 == 0 && kBBytes % 16 == 0 && kAsBytes % 16 == 0 &&
                 kStageBytes % 16 == 0);
 };
 // Shared memory, codes path / scaled path:
-using Wide = TileShape<64, 4, 2, 3>;     // 86 / 80 KiB: 2 CTAs per SM
-using Mid = TileShape<32, 4, 3, 3>;      // 64 / 56 KiB: 3 CTAs per SM
-using Narrow = TileShape<16, 4, 4, 4>;   // 53 / 58 KiB: 4 / 3 CTAs per SM
-using Narrow3 = TileShape<16, 3, 5, 3>;  // 40 / 43 KiB: 5 CTAs per SM
+using Wide = TileShape<64, 4, 2, 3>;         // 86 / 80 KiB: 2 CTAs per SM
+using Mid = TileShape<32, 4, 3, 3>;          // 64 / 56 KiB: 3 CTAs per SM
+using Narrow = TileShape<16, 4, 4, 4>;       // 53 / 58 KiB: 4 / 3 CTAs per SM
+using Narrow3 = TileShape<16, 3, 5, 3>;      // 40 / 43 KiB: 5 CTAs per SM
+// 64 / 74 KiB, 8 warps, 2 CTAs per SM (16 warps, 128 registers each). Two stages: with three
+// (96 / 111 KiB) it was 13 % slower at 2,048 tokens and 10 % at 8,192 on the H200, and does not fit
+// GB10's 99 KiB a block.
+using Wide8 = TileShape<64, 2, 2, 2, 8>;
 
 // One pipeline stage in shared memory: A (FP4 weight rows), B (activation codes, or on the scaled
 // path the pairs' f16 rows: twice the bytes), the weight scales and, on the codes path only, the
@@ -177,10 +189,11 @@ constexpr dev::CpOrder kCpOrder = dev::CpOrder::Free;
 // The kernel is bound by the integer (ALU) pipe: the widening, the scale decoding and the staging
 // addresses; the multiply-adds that move work to the FMA pipe are written as mad.lo PTX.
 
-// Staged row (0..127) of warp `warp`'s m-tile mt, half h (rows g / g+8).
-template <bool kGateUp>
+// Staged row (0..kRowsA-1) of warp `warp`'s m-tile mt, half h (rows g / g+8): for gate/up, w1's
+// rows are the tile's first half and w3's the second.
+template <bool kGateUp, int kRowsA>
 __device__ __forceinline__ int tile_row(int warp, int mt, int g, int h) {
-  return kGateUp ? mt * 64 + warp * 16 + g + 8 * h : warp * 32 + mt * 16 + g + 8 * h;
+  return kGateUp ? mt * (kRowsA / 2) + warp * 16 + g + 8 * h : warp * 32 + mt * 16 + g + 8 * h;
 }
 
 // E8M0 byte k (0..3) of w as an fp32 power of two, for bytes other than 0 (2^-127, a subnormal)
@@ -192,6 +205,12 @@ __device__ __forceinline__ float e8m0_normal_byte(uint32_t w) {
   asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(bits) : "r"(b), "r"(1u << 23), "r"(0u));
   return __uint_as_float(bits);
 }
+// v · 2^e for e in [-252, 127]: one multiply by a normal power of two, or two.
+__device__ __forceinline__ float times_pow2(float v, int e) {
+  if (e >= -126) return __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(e + 127) << 23));
+  return __fmul_rn(__fmul_rn(v, __uint_as_float(1u << 23)), __uint_as_float(static_cast<uint32_t>(e + 126 + 127) << 23));
+}
+
 // Nonzero when a byte of w is 0x00 or 0xFF (the two E8M0 codes e8m0_normal_byte gets wrong).
 __device__ __forceinline__ uint32_t e8m0_special_bytes(uint32_t w) {
   return (((w - 0x01010101u) & ~w) | ((~w - 0x01010101u) & w)) & 0x80808080u;
@@ -211,6 +230,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
                                           int rows) {
   using L = StageLayout<Sh, kR16>;
   constexpr int kBP = Sh::kBP, kStages = L::kStages, kStageBytes = L::kBytes;
+  constexpr int kThreads = Sh::kThreads, kRowsA = Sh::kRowsA;
   static_assert(NQ * 8 <= kBP);
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
   const Fp4Weight& wa = kGateUp ? a.w1 : a.w2;
@@ -222,11 +242,11 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
   const uint16_t* x16 = static_cast<const uint16_t*>(a.rows16);
   const int64_t div = kGateUp ? a.top_k : 1;
 
-  // Copy sources of this thread: weight rows (tid>>2)+32i (16-byte part tid&3), activation rows
-  // (tid>>3)+16i (part tid&7), the weight scales of row tid, the activation scales of pair tid.
+  // Copy sources of this thread: weight rows (tid>>2)+(kThreads/4)i (16-byte part tid&3), activation
+  // rows tid/kParts + kRowsPerPass·i, the weight scales of row tid, the activation scales of pair tid.
   auto weight_row = [&](int row, const uint8_t*& packed, const uint8_t*& scales, bool& ok) {
-    const Fp4Weight& w = kGateUp && row >= 64 ? a.w3 : wa;
-    const int64_t f = f0 + (kGateUp ? (row & 63) : row);
+    const Fp4Weight& w = kGateUp && row >= kRowsA / 2 ? a.w3 : wa;
+    const int64_t f = f0 + (kGateUp ? row % (kRowsA / 2) : row);
     ok = f < out;
     const int64_t r = static_cast<int64_t>(e) * out + (ok ? f : 0);
     packed = w.packed + r * (in / 2);
@@ -237,7 +257,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint8_t* sc;
-    weight_row((tid >> 2) + 32 * i, a_src[i], sc, a_ok[i]);
+    weight_row((tid >> 2) + (kThreads / 4) * i, a_src[i], sc, a_ok[i]);
     a_src[i] += (tid & 3) * 16;
   }
   const uint8_t* as_src;
@@ -246,9 +266,10 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
     const uint8_t* pk;
     weight_row(tid, pk, as_src, as_ok);
   }
-  // Codes: 16 activation rows per pass of the 128 threads (part tid&7); f16 rows: 8 (part tid&15).
-  constexpr int kRowsPerPass = kR16 ? 8 : 16, kParts = kThreads / kRowsPerPass;
+  // A stage row of codes is 8 16-byte parts, of f16 values 16: kRowsPerPass rows per pass of the CTA.
+  constexpr int kParts = kR16 ? 16 : 8, kRowsPerPass = kThreads / kParts;
   constexpr int kBLoads = kBP / kRowsPerPass;
+  static_assert(kBLoads >= 1 && kBP % kRowsPerPass == 0);
   // Sources as 16-byte-chunk offsets from the row data (32 bits: registers are what limits the CTAs
   // per SM; gpu::moe_grouped keeps rows x k below 2^34, so offsets below 2^31), -1 for rows past the
   // tile's.
@@ -270,7 +291,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
     uint8_t* sAs = sA + L::kAs;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      dev::cp_async16_if<kCpOrder, dev::CpL2::B256>(sA + ((tid >> 2) + 32 * i) * kAStride + (tid & 3) * 16,
+      dev::cp_async16_if<kCpOrder, dev::CpL2::B256>(sA + ((tid >> 2) + (kThreads / 4) * i) * kAStride + (tid & 3) * 16,
                                                     a_src[i] + step * (kBK / 2), a_ok[i]);
 #pragma unroll
     for (int i = 0; i < kBLoads; ++i)
@@ -307,7 +328,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
       float ws[2][2];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        const int ra = tile_row<kGateUp>(warp, mt, g, 0), rb = tile_row<kGateUp>(warp, mt, g, 1);
+        const int ra = tile_row<kGateUp, kRowsA>(warp, mt, g, 0), rb = tile_row<kGateUp, kRowsA>(warp, mt, g, 1);
         const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sA + ra * kAStride + kb * 16 + tig * 4);
         const uint32_t w1 = *reinterpret_cast<const uint32_t*>(sA + rb * kAStride + kb * 16 + tig * 4);
         af[mt] = tc::block_a_fp4(w0, w1);
@@ -357,7 +378,89 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
     }
   };
 
-  const int check_row = tile_row<kGateUp>(warp, (lane >> 4) & 1, lane & 7, (lane >> 3) & 1);
+  // The scaled path's whole-K form (MoeGroupedArgs::block_fold off): the weights enter the tensor
+  // core as code · 2^(s_b - s_ref) in f16 (s_b a block's E8M0 byte, s_ref one per row: the e2m1
+  // table of the row moved by the difference, tc::kE2m1F16NegLoM13), so the products carry their
+  // block's weight scale relative to the row's and the MMAs accumulate the whole K in their fp32
+  // accumulators: no per-block fold. The epilogue multiplies by 2^(s_ref - 127). A warp takes it
+  // when every one of its 32 rows has scale bytes 1..254 within 2^26 of each other over the whole K
+  // (then s_ref = min(smallest + 13, 254) puts every difference in [-13, 13], where the widened
+  // values stay f16 normals); otherwise the per-block fold below. The choice depends on the weights
+  // alone, never on the pairs.
+  const int check_row = tile_row<kGateUp, kRowsA>(warp, (lane >> 4) & 1, lane & 7, (lane >> 3) & 1);
+  bool whole_k = false;
+  // (s_ref - 13) in every byte, per row (mt, h): a stage's scale word minus it holds each block's
+  // table step t = s_b - s_ref + 13 in [0, 26] byte by byte (no borrows).
+  uint32_t t_base[2][2] = {{0x72727272u, 0x72727272u}, {0x72727272u, 0x72727272u}};
+  if constexpr (kR16) {
+    if (!a.block_fold) {
+      const uint8_t* srow;
+      bool rok;
+      {
+        const uint8_t* pk;
+        weight_row(check_row, pk, srow, rok);
+      }
+      uint32_t vmin = 0xFFFFFFFFu, vmax = 0u, special = 0u;
+      if (rok)
+        for (int64_t i = 0; i < nb / 4; ++i) {
+          const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(srow) + i);
+          vmin = __vminu4(vmin, w);
+          vmax = __vmaxu4(vmax, w);
+          special |= e8m0_special_bytes(w);
+        }
+      const int mn = min(min(vmin & 0xFF, (vmin >> 8) & 0xFF), min((vmin >> 16) & 0xFF, vmin >> 24));
+      const int mx = max(max(vmax & 0xFF, (vmax >> 8) & 0xFF), max((vmax >> 16) & 0xFF, vmax >> 24));
+      const bool ok = !rok || (special == 0u && mx - mn <= 26);
+      const int mine = rok ? min(mn + 13, 254) : 127;
+      whole_k = __all_sync(dev::kFull, ok);
+      // Row (mt, g, h) is lane mt·16 + h·8 + g's check_row.
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          t_base[mt][h] = static_cast<uint32_t>(__shfl_sync(dev::kFull, mine, mt * 16 + h * 8 + g) - 13) * 0x01010101u;
+    }
+  }
+  auto compute_stage_whole_k = [&](const uint8_t* sA, const uint8_t* sB, const uint32_t (&wsb)[2][2]) {
+    uint32_t steps[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) steps[mt][h] = wsb[mt][h] - t_base[mt][h];
+#pragma unroll(NQ >= 8 ? 1 : kKB)
+    for (int kb = 0; kb < kKB; ++kb) {
+      tc::BlockA af[2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int ra = tile_row<kGateUp, kRowsA>(warp, mt, g, 0), rb = tile_row<kGateUp, kRowsA>(warp, mt, g, 1);
+        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sA + ra * kAStride + kb * 16 + tig * 4);
+        const uint32_t w1 = *reinterpret_cast<const uint32_t*>(sA + rb * kAStride + kb * 16 + tig * 4);
+        tc::E2m1Table t[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // The table of 2^(t - 13) = 2^(s_b - s_ref): t steps up from the table at 2^-13.
+          const uint32_t tb = __byte_perm(steps[mt][h], 0u, 0x4440u | static_cast<uint32_t>(kb));
+          uint32_t lo, hi;
+          asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(lo) : "r"(tb), "r"(tc::kE2m1TableStepLo), "r"(tc::kE2m1F16NegLoM13));
+          asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(hi) : "r"(tb), "r"(tc::kE2m1TableStepHi), "r"(tc::kE2m1F16NegHiM13));
+          t[h] = {lo, hi};
+        }
+        af[mt] = tc::block_a_fp4(w0, w1, t[0], t[1]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < NQ; ++nt) {
+        const uint4 bv =
+            *reinterpret_cast<const uint4*>(sB + (nt * 8 + g) * kB16Stride + tc::f16_row_chunk(g, kb * 4 + tig) * 16);
+        const tc::BlockB bf = tc::block_b_f16(bv);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          tc::mma_f16(acc[mt][nt], af[mt].r[0], bf.r[0][0], bf.r[0][1]);
+          tc::mma_f16(acc[mt][nt], af[mt].r[1], bf.r[1][0], bf.r[1][1]);
+        }
+      }
+    }
+  };
+
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < n_steps) load_stage(st, st);
     dev::cp_async_commit<kCpOrder>();
@@ -380,7 +483,11 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        wsb[mt][h] = *reinterpret_cast<const uint32_t*>(sAs + tile_row<kGateUp>(warp, mt, g, h) * kKB);
+        wsb[mt][h] = *reinterpret_cast<const uint32_t*>(sAs + tile_row<kGateUp, kRowsA>(warp, mt, g, h) * kKB);
+    if (kR16 && whole_k) {
+      compute_stage_whole_k(sA, sB, wsb);
+      continue;
+    }
     // Each lane checks one of the warp's 32 rows (the quads hold the same rows).
     const uint32_t lane_scales = *reinterpret_cast<const uint32_t*>(sAs + check_row * kKB);
     if (__any_sync(dev::kFull, e8m0_special_bytes(lane_scales) != 0))
@@ -398,12 +505,17 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
       const int col = nt * 8 + 2 * tig + c;
       if (col >= rows) continue;
       const int64_t p = s_pair[col];
-      if constexpr (kR16) {  // back from the row's 2^c (exact: a power of two, 0 <= c <= 100)
-        const float unscale = __uint_as_float(static_cast<uint32_t>(127 - rows16_info(a, kGateUp)[p / div]) << 23);
+      if constexpr (kR16) {
+        // Back from the row's 2^c (a power of two, 0 <= c <= 100), and in the whole-K form times
+        // the weight row's 2^(s_ref - 127): one power of two 2^e, e in [-226, 127], applied in at
+        // most two exact steps.
+        const int cpow = rows16_info(a, kGateUp)[p / div];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) acc[mt][nt][2 * h + c] = __fmul_rn(acc[mt][nt][2 * h + c], unscale);
+          for (int h = 0; h < 2; ++h)
+            acc[mt][nt][2 * h + c] = times_pow2(
+                acc[mt][nt][2 * h + c], (whole_k ? static_cast<int>(t_base[mt][h] & 0xFFu) + 13 - 127 : 0) - cpow);
       }
       if constexpr (kGateUp) {
 #pragma unroll
@@ -441,7 +553,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
 // With a.rows16 a projection is two launches over the same tiles: the scaled path (kR16) takes the
 // tiles whose rows all have an f16 form, the codes path the others; without it only the codes path.
 template <bool kGateUp, class Sh, bool kR16>
-__global__ void __launch_bounds__(kThreads, Sh::kMinBlocks) moe_gemm_kernel(const MoeGroupedArgs a, const SortView v) {
+__global__ void __launch_bounds__(Sh::kThreads, Sh::kMinBlocks) moe_gemm_kernel(const MoeGroupedArgs a, const SortView v) {
   constexpr int kBP = Sh::kBP;
   dev::pdl_enter();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -486,19 +598,20 @@ template <bool kGateUp, class Sh>
 cudaError_t moe_projection(const MoeGroupedArgs& a, const SortView& v, dim3 grid, cudaStream_t s) {
   if (a.rows16 != nullptr) {
     const int64_t rows = kGateUp ? a.n : a.n * a.top_k, k = kGateUp ? a.w1.in : a.w1.out;
-    const ScaledRowsArgs r{kGateUp ? a.x_codes : a.act_codes, kGateUp ? a.x_scales : a.act_scales, rows, k,
-                           static_cast<uint16_t*>(a.rows16), rows16_info(a, kGateUp)};
+    ScaledRowsArgs r{kGateUp ? a.x_codes : a.act_codes, kGateUp ? a.x_scales : a.act_scales, rows, k,
+                     static_cast<uint16_t*>(a.rows16), rows16_info(a, kGateUp)};
+    r.round_wide = !a.block_fold;
     cudaError_t err = raw::scaled_rows(r, s);
     if (err != cudaSuccess) return err;
     err = allow_dynamic_smem<moe_gemm_kernel<kGateUp, Sh, true>>(StageLayout<Sh, true>::kSmem);
     if (err != cudaSuccess) return err;
-    launch_pdl(moe_gemm_kernel<kGateUp, Sh, true>, grid, kThreads, StageLayout<Sh, true>::kSmem, s, a, v);
+    launch_pdl(moe_gemm_kernel<kGateUp, Sh, true>, grid, Sh::kThreads, StageLayout<Sh, true>::kSmem, s, a, v);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   cudaError_t err = allow_dynamic_smem<moe_gemm_kernel<kGateUp, Sh, false>>(StageLayout<Sh, false>::kSmem);
   if (err != cudaSuccess) return err;
-  launch_pdl(moe_gemm_kernel<kGateUp, Sh, false>, grid, kThreads, StageLayout<Sh, false>::kSmem, s, a, v);
+  launch_pdl(moe_gemm_kernel<kGateUp, Sh, false>, grid, Sh::kThreads, StageLayout<Sh, false>::kSmem, s, a, v);
   return cudaGetLastError();
 }
 
@@ -506,6 +619,7 @@ cudaError_t moe_projection(const MoeGroupedArgs& a, const SortView& v, dim3 grid
 template <class Sh>
 cudaError_t moe_gemms(const MoeGroupedArgs& a, const SortView& v, int64_t T, cudaStream_t s) {
   const int64_t pairs = a.n * a.top_k, dim = a.w1.in, inter = a.w1.out;
+  constexpr int kRowsA = Sh::kRowsA;
   const dim3 grid_gu(static_cast<unsigned>((inter + kRowsA / 2 - 1) / (kRowsA / 2)), static_cast<unsigned>(T));
   cudaError_t err = moe_projection<true, Sh>(a, v, grid_gu, s);
   if (err != cudaSuccess) return err;
@@ -532,8 +646,21 @@ cudaError_t moe_gemms(const MoeGroupedArgs& a, const SortView& v, int64_t T, cud
 // 6.65 / 5.70 / 7.45, 8192 tokens 19.8 / 18.6 / 26.1. Up to 8 pairs an expert 16-pair tiles lead
 // (a tile's weights are read once either way, and four CTAs fit an SM); from 16, 32-pair tiles (16-
 // pair tiles split an expert's pairs into tiles that each read its weights again; 64-pair tiles hold
-// fewer CTAs per SM). The others stay for tests and the bench.
-int moe_grouped_auto_variant(int64_t pairs, int64_t n_experts) { return pairs <= 8 * n_experts ? 3 : 2; }
+// fewer CTAs per SM). The eight-warp 64-pair tile (whole-K sums, 2026-12-02; 32-pair / eight-warp
+// 64-pair, ms): 256 tokens 2.83 (16-pair) / 3.04, 1024 tokens 3.90 / 3.86, 2048 tokens 6.05 / 5.46,
+// 8192 tokens 19.3 / 14.8: it leads from 16 pairs an expert. The others stay for tests and the bench.
+int moe_grouped_auto_variant(int64_t pairs, int64_t n_experts) { return pairs <= 8 * n_experts ? 3 : 5; }
+
+namespace {
+// Whether both projections' kernels of shape Sh, on both paths, fit the device's shared memory.
+template <class Sh>
+bool wide8_fits() {
+  return smem_fits(moe_gemm_kernel<true, Sh, true>, StageLayout<Sh, true>::kSmem) &&
+         smem_fits(moe_gemm_kernel<false, Sh, true>, StageLayout<Sh, true>::kSmem) &&
+         smem_fits(moe_gemm_kernel<true, Sh, false>, StageLayout<Sh, false>::kSmem) &&
+         smem_fits(moe_gemm_kernel<false, Sh, false>, StageLayout<Sh, false>::kSmem);
+}
+}  // namespace
 
 namespace raw {
 cudaError_t moe_grouped(const MoeGroupedArgs& a, cudaStream_t s) {
@@ -544,12 +671,18 @@ cudaError_t moe_grouped(const MoeGroupedArgs& a, cudaStream_t s) {
   // The forced or automatic shape; one whose tile list does not fit the scratch or the grid gives
   // way to a wider one (gpu::moe_grouped checks that the narrowest tiles' list fits, so this only
   // guards callers of the raw launcher).
-  int variant = a.tile_variant >= 1 && a.tile_variant <= 4 ? a.tile_variant : moe_grouped_auto_variant(pairs, E);
+  int variant = a.tile_variant >= 1 && a.tile_variant <= kMoeGroupedVariants ? a.tile_variant
+                                                                              : moe_grouped_auto_variant(pairs, E);
+  // The eight-warp shape where it fits the device's shared memory per block; the four-warp
+  // 64-pair shape otherwise.
+  if (variant == 5 && !wide8_fits<Wide8>()) variant = 1;
   auto fits = [&](int v) {
     const int64_t tp = moe_grouped_variant_tile_pairs(v);
     return moe_grouped_sort_ints(pairs, E, tp) <= a.sort_ints && moe_grouped_max_tiles(pairs, E, tp) <= 65535;
   };
-  while (variant > 1 && !fits(variant)) variant = variant == 4 ? 2 : variant - 1;
+  // A narrower shape whose tile list does not fit gives way to the next wider one (64-pair shapes
+  // are the widest).
+  while (moe_grouped_variant_tile_pairs(variant) < 64 && !fits(variant)) variant = variant == 4 ? 2 : variant - 1;
   const int64_t tp = moe_grouped_variant_tile_pairs(variant);
   const int64_t T = moe_grouped_max_tiles(pairs, E, tp);
   SortView v;
@@ -566,7 +699,8 @@ cudaError_t moe_grouped(const MoeGroupedArgs& a, cudaStream_t s) {
     case 1: err = moe_gemms<Wide>(a, v, T, s); break;
     case 2: err = moe_gemms<Mid>(a, v, T, s); break;
     case 3: err = moe_gemms<Narrow>(a, v, T, s); break;
-    default: err = moe_gemms<Narrow3>(a, v, T, s); break;
+    case 4: err = moe_gemms<Narrow3>(a, v, T, s); break;
+    default: err = moe_gemms<Wide8>(a, v, T, s); break;
   }
   if (err != cudaSuccess) return err;
 

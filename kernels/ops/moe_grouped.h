@@ -2,12 +2,15 @@
 // (token, slot) pairs are bucketed by expert on the device (counting sort), then per expert a tiled
 // matmul on the tensor cores runs the gate/up projections with the clamped SwiGLU and the routing
 // weight in its epilogue, ActQuant8 quantises the result, and a second tiled matmul runs the down
-// projection. Weight e2m1 codes and activation e4m3 codes are widened exactly to fp16; each 32-wide
-// K block's dot product comes from the tensor core (two chained m16n8k16 steps, its own summation
-// order and accumulator precision), is scaled by act_scale·w_scale and added in increasing K order
-// in fp32 registers — the reference's block order, so only the rare rounding of a 32-term sum
-// differs from the CPU engine's sequential fp32 sums (not guaranteed bit-identical; every case
-// measured so far was: tests/gpu_ops/moe_grouped_test.cpp, tests/bench/bench_gpu_moe_grouped.cpp).
+// projection. Weight e2m1 codes and activation e4m3 codes are widened exactly to fp16. By default
+// (the scaled path's whole-K form) the activations enter as f16 rows that carry their block scales
+// and the weights as code · 2^(block scale - the row's reference scale), so the MMAs' fp32
+// accumulators sum the whole K, as a bf16 GEMM's do; the reference's order is kept with
+// MoeGroupedArgs::block_fold (and on the codes path): each 32-wide K block's dot product from the
+// tensor core (two chained m16n8k16 steps), scaled by act_scale·w_scale and added in increasing K
+// order in fp32 registers, so only the rare rounding of a 32-term sum differs from the CPU engine's
+// sequential fp32 sums. Neither is bit-identical to the CPU; both stay within the bf16 NMSE bound
+// (tests/gpu_ops/moe_grouped_test.cpp, tests/bench/bench_gpu_moe_grouped.cpp).
 // The launcher trusts its arguments; the validated entry point is gpu::moe_grouped (gpu_ops.h).
 #pragma once
 #include <cuda_runtime.h>
@@ -26,9 +29,12 @@ inline constexpr int64_t kMoeGroupedTilePairs = 64;
 inline constexpr int64_t kMoeGroupedKStep = 128;
 
 // Tile shapes (MoeGroupedArgs::tile_variant): 1 = 64 pairs, 4 stages, 2 CTAs per SM; 2 = 32 pairs,
-// 3 CTAs; 3 = 16 pairs, 4 CTAs; 4 = 16 pairs, 3 stages, 5 CTAs.
+// 3 CTAs; 3 = 16 pairs, 4 CTAs; 4 = 16 pairs, 3 stages, 5 CTAs; 5 = 64 pairs and 256 weight rows
+// (8 warps), 2 stages, 2 CTAs. Shapes 1-4 have 4 warps and 128 weight rows. Where shape 5 does not
+// fit the device's shared memory per block it runs as 1.
+inline constexpr int kMoeGroupedVariants = 5;
 inline int64_t moe_grouped_variant_tile_pairs(int variant) {
-  return variant == 1 ? 64 : variant == 2 ? 32 : 16;
+  return variant == 1 || variant >= 5 ? 64 : variant == 2 ? 32 : 16;
 }
 // The shape the launcher uses for a pass of `pairs` over `n_experts` (measured on H200 with
 // tests/bench/bench_gpu_moe_grouped.cpp; defined in moe_grouped.cu).
@@ -84,8 +90,15 @@ struct MoeGroupedArgs {
   // fma per block fold instead of two operations; the same bits). Null: the codes path throughout.
   void* rows16 = nullptr;
   int64_t rows16_bytes = 0;
-  // 0: the automatic tile shape; 1..4 force one (tests, bench; see moe_grouped_variant_tile_pairs).
-  // A shape whose tile list does not fit sort_ints or the grid falls back to a wider one.
+  // The scaled path's numerics. false (the default): every row gets an f16 form (a row whose block
+  // scales span more than 2^12 has its smallest blocks' values rounded to f16, ScaledRowsArgs::
+  // round_wide) and the MMAs sum the whole K with the weights' block scales inside their operands
+  // (moe_grouped.cu, the whole-K form; warps whose weight rows do not allow it fold per block).
+  // true: the 32-wide blocks folded one by one in K order, the codes path's bits (tests, bench).
+  bool block_fold = false;
+  // 0: the automatic tile shape; 1..kMoeGroupedVariants force one (tests, bench; see
+  // moe_grouped_variant_tile_pairs). A shape whose tile list does not fit sort_ints or the grid falls
+  // back to a wider one, one that does not fit the device's shared memory to a smaller one.
   int tile_variant = 0;
 };
 

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(32 * kWarps) scaled_rows_kernel(const ScaledRo
   bad = __any_sync(dev::kFull, bad);
   const bool any_block = e_max >= e_min;
   const int c = any_block ? 7 - e_max : 0;
-  const bool ok = !bad && c >= 0 && c <= 100 && (!any_block || e_max - e_min <= 12);
+  const bool ok = !bad && c >= 0 && c <= 100 && (!any_block || e_max - e_min <= 12 || a.round_wide);
   if (lane == 0) a.info[row] = ok ? c : kScaledRowUnscaled;
   if (!ok) return;
   for (int64_t j = lane; j < k / 8; j += 32) {
@@ -58,12 +58,22 @@ __global__ void __launch_bounds__(32 * kWarps) scaled_rows_kernel(const ScaledRo
         s >= -5 && s <= 7 ? __ushort_as_half(static_cast<unsigned short>((s + 15) << 10)) : __float2half(1.0f);
     const __half2 m2 = __halves2half2(m, m);
     const uint2 cv = *reinterpret_cast<const uint2*>(rc + j * 8);
+    // A block more than 2^12 below the row's largest (round_wide only; zero blocks never get here
+    // with s < -5 mattering: their values are ±0 either way): code · 2^s in fp32 (exact), rounded.
+    const bool rounded = s < -5;
+    const float ms = rounded ? __uint_as_float(static_cast<uint32_t>(max(s + 127, 1)) << 23) : 1.0f;
     uint32_t h[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t pair = ((i < 2 ? cv.x : cv.y) >> (16 * (i & 1))) & 0xFFFFu;
       const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-      const __half2 v = __hmul2(__half2(raw), m2);  // exact: both are f16 values, the product an f16 normal
+      __half2 v;
+      if (!rounded) {
+        v = __hmul2(__half2(raw), m2);  // exact: both are f16 values, the product an f16 normal
+      } else {
+        const float2 f = __half22float2(__half2(raw));
+        v = __floats2half2_rn(__fmul_rn(f.x, ms), __fmul_rn(f.y, ms));
+      }
       h[i] = *reinterpret_cast<const uint32_t*>(&v);
     }
     *reinterpret_cast<uint4*>(a.out + row * k + j * 8) = make_uint4(h[0], h[1], h[2], h[3]);

@@ -25,6 +25,11 @@ struct ScaledRowsArgs {
   int64_t rows = 0, k = 0;         // k % 32 == 0
   uint16_t* out = nullptr;         // [rows][k] f16 bits, 16-byte aligned
   int32_t* info = nullptr;         // [rows]
+  // Rows whose blocks span more than 2^12 get a form too: c from the largest block as always, and
+  // the values of blocks more than 2^12 below it rounded to f16 (subnormal or zero: each off by at
+  // most 2^-25, against values up to 57344), instead of being left to the codes. Rows with a scale
+  // that is not a normal power of two, or c outside 0..100, still have none.
+  bool round_wide = false;
 };
 
 namespace raw {

@@ -46,12 +46,19 @@ __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v16) {
 
 // High bytes of the fp16 encodings of the e2m1 magnitudes 0, .5, 1, 1.5 | 2, 3, 4, 6, sign bit set.
 constexpr uint32_t kE2m1F16NegLo = 0xBEBCB880u, kE2m1F16NegHi = 0xC6C4C2C0u;
+// The same table for the magnitudes times 2^-13 (each nonzero entry's exponent field 13 lower: the
+// smallest, .5·2^-13, is still an f16 normal). Adding t·kE2m1TableStepLo / t·kE2m1TableStepHi
+// (t = 0..26) moves every nonzero entry's exponent up by t, byte by byte without carries (the
+// largest entry, 6·2^13, then has exponent field 30): the table of the magnitudes times 2^(t-13).
+constexpr uint32_t kE2m1F16NegLoM13 = 0x8A888480u, kE2m1F16NegHiM13 = 0x92908E8Cu;
+constexpr uint32_t kE2m1TableStepLo = 0x04040400u, kE2m1TableStepHi = 0x04040404u;
 
 // Four e2m1 codes (code i in bits 4i..4i+3 of q; the high 16 bits are ignored) -> byte i = high
-// byte of code i's fp16 value (the low bytes of those encodings are all zero). The widening is bound
-// by the integer pipe, so the subtraction is a mad.lo (FMA pipe).
-__device__ __forceinline__ uint32_t e2m1x4_f16_high(uint32_t q) {
-  const uint32_t negative = __byte_perm(kE2m1F16NegLo, kE2m1F16NegHi, q & 0x7777u);
+// byte of code i's fp16 value (the low bytes of those encodings are all zero), through the table
+// neg_lo | neg_hi (the high bytes of the eight magnitudes with the sign bit set). The widening is
+// bound by the integer pipe, so the subtraction is a mad.lo (FMA pipe).
+__device__ __forceinline__ uint32_t e2m1x4_f16_high(uint32_t q, uint32_t neg_lo, uint32_t neg_hi) {
+  const uint32_t negative = __byte_perm(neg_lo, neg_hi, q & 0x7777u);
   // prmt's sign mode: a selector nibble with bit 3 set (a negative code) yields the replicated top
   // bit of the selected byte (0x00 here), otherwise the byte itself (0x01); only q[15:0] is read.
   uint32_t non_negative;
@@ -62,6 +69,9 @@ __device__ __forceinline__ uint32_t e2m1x4_f16_high(uint32_t q) {
   asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(non_negative), "r"(0xFFFFFF80u), "r"(negative));
   return r;
 }
+__device__ __forceinline__ uint32_t e2m1x4_f16_high(uint32_t q) {
+  return e2m1x4_f16_high(q, kE2m1F16NegLo, kE2m1F16NegHi);
+}
 // fp16x2 of the high bytes 0/1 (sel 0x1404) or 2/3 (sel 0x3424) of h: low bytes zero.
 __device__ __forceinline__ uint32_t f16x2_from_high(uint32_t h, uint32_t sel) { return __byte_perm(h, 0u, sel); }
 
@@ -70,10 +80,13 @@ struct BlockA {
   uint32_t r[2][4];
 };
 // From FP4 weights: row g's and row g+8's 4 bytes at byte 4tig of the block (8 codes each, low
-// nibble first = K 8tig .. 8tig+7).
-__device__ __forceinline__ BlockA block_a_fp4(uint32_t row_g, uint32_t row_g8) {
-  const uint32_t lo0 = e2m1x4_f16_high(row_g), hi0 = e2m1x4_f16_high(row_g >> 16);
-  const uint32_t lo1 = e2m1x4_f16_high(row_g8), hi1 = e2m1x4_f16_high(row_g8 >> 16);
+// nibble first = K 8tig .. 8tig+7), each row through its own magnitude table (t_g: row g's).
+struct E2m1Table {
+  uint32_t lo, hi;
+};
+__device__ __forceinline__ BlockA block_a_fp4(uint32_t row_g, uint32_t row_g8, E2m1Table t_g, E2m1Table t_g8) {
+  const uint32_t lo0 = e2m1x4_f16_high(row_g, t_g.lo, t_g.hi), hi0 = e2m1x4_f16_high(row_g >> 16, t_g.lo, t_g.hi);
+  const uint32_t lo1 = e2m1x4_f16_high(row_g8, t_g8.lo, t_g8.hi), hi1 = e2m1x4_f16_high(row_g8 >> 16, t_g8.lo, t_g8.hi);
   BlockA a;
   a.r[0][0] = f16x2_from_high(lo0, 0x1404u);
   a.r[0][1] = f16x2_from_high(lo1, 0x1404u);
@@ -84,6 +97,11 @@ __device__ __forceinline__ BlockA block_a_fp4(uint32_t row_g, uint32_t row_g8) {
   a.r[1][2] = f16x2_from_high(hi0, 0x3424u);
   a.r[1][3] = f16x2_from_high(hi1, 0x3424u);
   return a;
+}
+// The codes' own values (e2m1 x 1).
+__device__ __forceinline__ BlockA block_a_fp4(uint32_t row_g, uint32_t row_g8) {
+  constexpr E2m1Table kUnit{kE2m1F16NegLo, kE2m1F16NegHi};
+  return block_a_fp4(row_g, row_g8, kUnit, kUnit);
 }
 // From FP8 weights: row g's and row g+8's 8 bytes at byte 8tig of the block (K 8tig .. 8tig+7).
 __device__ __forceinline__ BlockA block_a_fp8(uint2 row_g, uint2 row_g8) {

@@ -132,14 +132,16 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
   };
 
   // ---- Engram: row t's n-gram window is its token, then its own sequence's history. Hashes and
-  // rows before the graph capture in a graph step; in an eager step right before the first Engram
-  // layer, so the GPU runs the layers before it meanwhile (run_pass does the same) ----
+  // rows before the graph capture in a graph step; in an eager step the hashes and the rows'
+  // prefetch before the first kernel and the rows' copy and upload right before the first Engram
+  // layer, so the I/O pool reads while the host issues the layers before it (run_pass does the
+  // same) ----
   StepGraphs* graph = decode_graphs();
   EngramPass eng;
-  bool engram_staged = false;
-  auto stage_engram = [&] {
-    if (engram_staged) return;
-    engram_staged = true;
+  bool engram_prepared = false, engram_staged = false;
+  auto prepare_engram = [&] {
+    if (engram_prepared) return;
+    engram_prepared = true;
     eng = engram_prepare(n, [&](int64_t t, int64_t* hist) {
       const std::vector<int64_t>& h = db.seqs[static_cast<size_t>(t)]->engram_history;
       const int64_t hlen = static_cast<int64_t>(h.size());
@@ -147,10 +149,16 @@ void Impl::run_decode_pass(DecodeBatch& db, const int32_t* tokens, std::span<std
         hist[k] = k == 0 ? token_map[static_cast<size_t>(tokens[t])] : k <= hlen ? h[static_cast<size_t>(hlen - k)] : -1;
     });
     phase(HostPhase::EngramPrepare);
+  };
+  auto stage_engram = [&] {
+    if (engram_staged) return;
+    engram_staged = true;
+    prepare_engram();
     engram_stage(eng, n);
     phase(HostPhase::EngramStage);
   };
   if (graph) stage_engram();
+  else prepare_engram();
 
   // ---- the rows' positions and, per layer, their attention pools (one upload each) ----
   gpu::check_cuda(cudaMemcpyAsync(sc.positions, db.pos.data(), static_cast<size_t>(n) * 8, cudaMemcpyHostToDevice,

@@ -8,11 +8,13 @@
 // reference engine (model::run_expert on the experts of a few pairs) and the two GPU paths against
 // each other; exits 1 when a check fails.
 //
-// Every pass also runs each tile shape of the grouped path (MoeGroupedArgs::tile_variant 1..4) and
+// Every pass also runs each tile shape of the grouped path (MoeGroupedArgs::tile_variant 1..5) and
 // checks that they agree bit for bit with the automatic one (every output element's arithmetic is
 // the same whatever the tiling). The grouped runs take the scaled path (MoeGroupedArgs::rows16, as
-// the engine does); a "codes" row times the path without the f16 rows and checks the same bits, and
-// a line counts the rows that converted.
+// the engine does) with its whole-K sums; a "fold" row times the scaled path folding 32-wide blocks
+// one by one (MoeGroupedArgs::block_fold: the numerics before the whole-K sums) and checks it within
+// the bf16 bound of them, a "codes" row times the path without the f16 rows and checks the fold's
+// bits, and a line counts the rows that converted exactly.
 //
 // Usage: bench_gpu_moe_grouped [tokens,tokens,...]   (default 1,16,64,256,512,1024,2048,8192;
 //                                                      allocates ~9 GB of device memory)
@@ -145,9 +147,11 @@ struct Buffers {
   }
 };
 
-// scaled: with the f16 row scratch (the engine's default), else the codes path throughout.
+// scaled: with the f16 row scratch (the engine's default), else the codes path throughout;
+// block_fold: the scaled path folding its 32-wide blocks one by one (the codes path's bits) instead
+// of summing the whole K in the MMAs.
 void run_grouped(const Bank& w1, const Bank& w3, const Bank& w2, const Pass& p, Buffers& b, float limit, int64_t K,
-                 int variant = 0, bool scaled = true) {
+                 int variant = 0, bool scaled = true, bool block_fold = false) {
   gpu::MoeGroupedArgs a;
   a.w1 = w1.weight();
   a.w3 = w3.weight();
@@ -166,6 +170,7 @@ void run_grouped(const Bank& w1, const Bank& w3, const Bank& w2, const Pass& p, 
   a.sort_ints = b.sort_ints;
   a.y = b.y.as<float>();
   a.tile_variant = variant;
+  a.block_fold = block_fold;
   if (scaled) {
     a.rows16 = b.rows16.get();
     a.rows16_bytes = static_cast<int64_t>(b.rows16.bytes());
@@ -317,9 +322,10 @@ int main(int argc, char** argv) {
       return tf;
     };
     // Each forced tile shape, then the automatic one (whose output the checks use).
-    std::vector<float> yv[5];
-    const char* names[5] = {"auto", "64", "32", "16", "16/3"};
-    for (int v = 1; v <= 4; ++v) {
+    constexpr int kShapes = gpu::kMoeGroupedVariants;
+    std::vector<float> yv[kShapes + 1];
+    const char* names[kShapes + 1] = {"auto", "64", "32", "16", "16/3", "64w8"};
+    for (int v = 1; v <= kShapes; ++v) {
       const double tv = test::time_us([&] { run_grouped(w1, w3, w2, p, b, limit, K, v); }, reps);
       ck(cudaDeviceSynchronize(), "grouped");
       yv[v] = download(b.y, static_cast<size_t>(p.pairs * dim));
@@ -329,18 +335,32 @@ int main(int argc, char** argv) {
     const double tg = test::time_us([&] { run_grouped(w1, w3, w2, p, b, limit, K); }, reps);
     ck(cudaDeviceSynchronize(), "grouped");
     const std::vector<float> yg = download(b.y, static_cast<size_t>(p.pairs * dim));
-    for (int v = 1; v <= 4; ++v)
+    for (int v = 1; v <= kShapes; ++v)
       if (std::memcmp(yv[v].data(), yg.data(), yg.size() * 4) != 0) {
         std::printf("check: tile shape %s differs from the automatic one at %lld tokens  FAILED\n", names[v],
                     static_cast<long long>(n));
         g_failed = true;
       }
     if (n == 256) check_cpu(w1, w3, w2, p, yg, c, 4);
-    // The codes path throughout (no f16 rows): the same bits, and how much the scaled path gains.
+    // The scaled path with its blocks folded one by one (the numerics before the whole-K sums) and
+    // the codes path throughout (no f16 rows): the same bits as each other, within the bf16 bound
+    // of the whole-K sums, and how much each form gains.
+    const double tb = test::time_us([&] { run_grouped(w1, w3, w2, p, b, limit, K, 0, true, true); }, reps);
+    ck(cudaDeviceSynchronize(), "grouped, blocks folded");
+    const std::vector<float> yb = download(b.y, static_cast<size_t>(p.pairs * dim));
+    row("fold", tb);
+    {
+      size_t same = 0;
+      const double e = nmse(yg, yb, &same);
+      std::printf(" whole K against blocks folded: nmse %.2e, %.4f bit-identical%s\n", e,
+                  static_cast<double>(same) / static_cast<double>(yg.size()), e <= test::kNmseBf16 ? "" : "  FAILED");
+      if (!(e <= test::kNmseBf16)) g_failed = true;
+    }
     const double tc = test::time_us([&] { run_grouped(w1, w3, w2, p, b, limit, K, 0, false); }, reps);
     ck(cudaDeviceSynchronize(), "grouped codes path");
-    if (std::memcmp(download(b.y, static_cast<size_t>(p.pairs * dim)).data(), yg.data(), yg.size() * 4) != 0) {
-      std::printf("check: the codes path differs from the scaled path at %lld tokens  FAILED\n", static_cast<long long>(n));
+    if (std::memcmp(download(b.y, static_cast<size_t>(p.pairs * dim)).data(), yb.data(), yb.size() * 4) != 0) {
+      std::printf("check: the codes path differs from the scaled path's block fold at %lld tokens  FAILED\n",
+                  static_cast<long long>(n));
       g_failed = true;
     }
     row("codes", tc);

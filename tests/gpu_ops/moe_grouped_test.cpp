@@ -6,12 +6,16 @@
 // half of them: several 64-pair tiles), one expert stays empty, and pairs with id -1 or id = E (no
 // bank expert) must get exact zero rows while their SwiGLU rows stay untouched. Guard bytes catch
 // writes outside the outputs; two launches must agree bit for bit (the bucketing order is free).
-// Every tile shape (MoeGroupedArgs::tile_variant: 64, 32, 16 pairs, and 16 with 3 stages) must give
-// the same bits as the automatic one, over experts with 0, 1, 7, 8, 9, 17, 33, 49, 64 and 65 pairs
+// Every tile shape (MoeGroupedArgs::tile_variant: 64, 32, 16 pairs, 16 with 3 stages, and 64 pairs
+// over 8 warps) must give the same bits as the automatic one, over experts with 0, 1, 7, 8, 9, 17, 33, 49, 64 and 65 pairs
 // (partial 8-pair steps, several tiles per expert), and with weight-scale bytes 0 (2^-127) and 255
 // (NaN), which take the kernel's general scale path instead of its exponent-field shortcut. So must
-// the scaled path (MoeGroupedArgs::rows16: f16 rows that carry the activation scales), in every tile
-// shape, with token 0 made too wide in range for it so that its tiles take the codes path.
+// the scaled path (MoeGroupedArgs::rows16: f16 rows that carry the activation scales) with its
+// blocks folded one by one (block_fold), in every tile shape, with token 0 made too wide in range
+// for it so that its tiles take the codes path. The scaled path's own numerics (the whole K summed
+// in the MMAs, every row in f16, token 0's smallest block rounded) are held to the same bound
+// against the CPU, and every tile shape must give its bits too (a row's arithmetic never depends on
+// the other pairs); the special-scale rows take its per-block fallback.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -185,29 +189,57 @@ void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n
   // within an expert is free), every forced tile shape, and the same on the scaled path (f16 rows
   // that carry the block scales, MoeGroupedArgs::rows16; its tiles split from the codes path's by
   // their rows).
-  auto same_bits = [&](const std::string& label, int first_shape) {
-    for (int v = first_shape; v <= 4; ++v) {
+  auto same_bits = [&](const std::string& label, int first_shape, const std::vector<float>& want_y_bits,
+                       const std::vector<float>& want_act_bits) {
+    for (int v = first_shape; v <= gpu::kMoeGroupedVariants; ++v) {
       a.tile_variant = v;
       y.poison();
       act.poison();
       gpu::moe_grouped(a, nullptr);
       sync_ok();
       const std::string shape = what + label + ", tile shape " + std::to_string(v);
-      expect_equal(shape + " routed rows", y.host<float>(), got_y);
-      expect_equal(shape + " swiglu rows", act.host<float>(), got_act_all);
+      expect_equal(shape + " routed rows", y.host<float>(), want_y_bits);
+      expect_equal(shape + " swiglu rows", act.host<float>(), want_act_bits);
       expect_guards(shape + " act", act);
       expect_guards(shape + " y", y);
     }
   };
-  same_bits(" codes path", 0);
+  same_bits(" codes path", 0, got_y, got_act_all);
   DeviceBuffer rows16(static_cast<size_t>(gpu::moe_grouped_rows16_bytes(n, K, dim, inter)));
   a.rows16 = rows16.get();
   a.rows16_bytes = static_cast<int64_t>(rows16.bytes());
-  same_bits(" scaled path", 0);
-  const std::vector<int32_t> info = rows16.to_host<int32_t>(
-      static_cast<size_t>(n + pairs), static_cast<size_t>(gpu::moe_grouped_rows16_info_offset(n, K, dim, inter) / 4));
-  EXPECT_EQ(info[0], gpu::kScaledRowUnscaled) << what << ": token 0's scales span 2^14, too wide for the scaled path";
+  a.block_fold = true;
+  same_bits(" scaled path, blocks folded", 0, got_y, got_act_all);
+  const size_t info_at = static_cast<size_t>(gpu::moe_grouped_rows16_info_offset(n, K, dim, inter) / 4);
+  std::vector<int32_t> info = rows16.to_host<int32_t>(static_cast<size_t>(n + pairs), info_at);
+  EXPECT_EQ(info[0], gpu::kScaledRowUnscaled) << what << ": token 0's scales span 2^14, too wide for exact f16 rows";
   if (n > 1) EXPECT_NE(info[1], gpu::kScaledRowUnscaled) << what << ": token 1 should take the scaled path";
+
+  // The scaled path's whole-K form: against the CPU like the codes path, then the same bits in
+  // every tile shape.
+  a.block_fold = false;
+  a.tile_variant = 0;
+  y.poison();
+  act.poison();
+  gpu::moe_grouped(a, nullptr);
+  sync_ok();
+  const std::vector<float> wk_y = y.host<float>(), wk_act_all = act.host<float>();
+  std::vector<float> wk_act, wk_zero;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const bool valid = ids[p] >= 0 && ids[p] < E;
+    if (valid)
+      wk_act.insert(wk_act.end(), wk_act_all.begin() + p * inter, wk_act_all.begin() + (p + 1) * inter);
+    else
+      wk_zero.insert(wk_zero.end(), wk_y.begin() + p * dim, wk_y.begin() + (p + 1) * dim);
+  }
+  expect_close(what + " whole-K swiglu rows", wk_act, ref_act, kNmseBf16);
+  expect_close(what + " whole-K routed rows", wk_y, want_y, kNmseBf16);
+  expect_equal(what + " whole-K rows without an expert", wk_zero, want_zero);
+  expect_guards(what + " whole-K act", act);
+  expect_guards(what + " whole-K y", y);
+  same_bits(" scaled path, whole K", 1, wk_y, wk_act_all);
+  info = rows16.to_host<int32_t>(static_cast<size_t>(n + pairs), info_at);
+  EXPECT_NE(info[0], gpu::kScaledRowUnscaled) << what << ": token 0's row should be rounded into f16, not left out";
 }
 
 TEST(GpuOps, MoeGroupedMatchesCpuExperts) {

@@ -5,8 +5,10 @@
 // as fma chains over 256-wide K blocks, each chain from zero in increasing K order; the block
 // results are added to a total from zero in K order (__fadd_rn, no contraction); then bf16 rounding
 // if asked. Every thread keeps, per output it owns, the running chain and the total in registers,
-// so the order is exactly the reference's; only which thread does the work changes. Tensor cores
-// cannot be used: their accumulation order and rounding are not the reference's.
+// so the order is exactly the reference's; only which thread does the work changes. (Prefill
+// passes send bf16 calls to the tensor cores instead, kernels/ops/dense_tc_gemm.cu, whose order and
+// rounding are the tensor core's; this kernel keeps the rest, and all of them under
+// exact_block_sums.)
 //
 // Layout (follows kernels/ops/lin_gemm.cu): a CTA computes a BM x BN tile of (rows x outputs) and
 // walks K 32 (or 16) columns at a time. Each step stages the activations and the weights (bf16 widened

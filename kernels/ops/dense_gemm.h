@@ -22,6 +22,13 @@ bool dense_gemm_takes(const DenseArgs& a);
 // The GEMM (any m >= 1; needs in % 32 == 0 and 16-byte aligned w, x rows and group offsets).
 cudaError_t dense_gemm(const DenseArgs& a, cudaStream_t s);
 
+// The tensor-core GEMM for bf16 weights (kernels/ops/dense_tc_gemm.cu): calls with
+// DenseArgs::tensor_core, at least kDenseTcMinRows rows, in % 32 == 0, 16-byte aligned rows and
+// group offsets, and its shared memory within the device's limit.
+constexpr int64_t kDenseTcMinRows = 64;
+bool dense_tc_gemm_takes(const DenseArgs& a);
+cudaError_t dense_tc_gemm(const DenseArgs& a, cudaStream_t s);
+
 // Test and benchmark hooks (process-wide). set_dense_gemm_min_rows: the dispatch threshold (a huge
 // value keeps every call on the older kernels); returns the previous value.
 int64_t set_dense_gemm_min_rows(int64_t m);

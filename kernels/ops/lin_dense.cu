@@ -330,6 +330,9 @@ cudaError_t launch_dense(const DenseArgs& a, cudaStream_t st) {
                        reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
   // Decode sizes: the weight-streaming kernel (dense_stream.cu) where its plan fits.
   if (raw::dense_stream_takes(a)) return raw::dense_stream(a, st);
+  // Prefill passes' bf16 calls of many rows (wo_a) where the caller allows it: the tensor cores
+  // (kernels/ops/dense_tc_gemm.cu; exact products, the tensor core's summation).
+  if (raw::dense_tc_gemm_takes(a)) return raw::dense_tc_gemm(a, st);
   // Many activation rows and enough output tiles (prefill passes: wo_a): the register-tiled GEMM
   // (kernels/ops/dense_gemm.cu), the same arithmetic.
   if (raw::dense_gemm_takes(a)) return raw::dense_gemm(a, st);

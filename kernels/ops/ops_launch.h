@@ -146,6 +146,9 @@ struct DenseArgs {
   float* y = nullptr;  // [m][y_stride]
   int64_t y_stride = 0;
   bool round_bf16 = true;
+  // Prefill passes: bf16 weights may run on the tensor cores, products exact, their sum in the
+  // tensor core's order (kernels/ops/dense_tc_gemm.cu); false: the CPU's order, bit for bit.
+  bool tensor_core = false;
 };
 
 // ---- mHC ----------------------------------------------------------------------------------------

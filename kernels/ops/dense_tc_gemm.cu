@@ -8,8 +8,9 @@
 // product w·x is the sum of three exact products and the tensor core adds them (lo, mid, hi, each
 // step of 16 K) into the fp32 accumulators over the whole K. That is the licensed exception of
 // docs/ARCHITECTURE.md, Numerics: the products exact, only the order and rounding of their sum
-// differ from the CPU's 256-wide fma chains (by a few fp32 roundings of the running sums,
-// far below the bf16 rounding of the outputs). Decode steps and exact_block_sums keep the CUDA-core
+// differ from the CPU's 256-wide fma chains (the tensor core truncates as it accumulates, a bias
+// that grows with K: NMSE ~8e-12 against the CPU at K = 1,024 on the H200, each output within
+// 2^-16 of sum |w·x| of the exact sum; far below the bf16 rounding of the outputs). Decode steps and exact_block_sums keep the CUDA-core
 // kernels.
 //
 // Layout. A CTA computes 128 weight rows (outputs: the MMA's M side) x 128 activation rows (N) and

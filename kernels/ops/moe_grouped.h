@@ -86,8 +86,8 @@ struct MoeGroupedArgs {
   int64_t sort_ints = 0;
   float* y = nullptr;  // [n*top_k][dim] routed outputs (bf16 values), pair order
   // Optional scratch of moe_grouped_rows16_bytes(n, top_k, dim, inter) bytes, 16-byte aligned and
-  // apart from every other buffer: the scaled path (f16 input rows that carry their block scales, one
-  // fma per block fold instead of two operations; the same bits). Null: the codes path throughout.
+  // apart from every other buffer: the scaled path (f16 input rows that carry their block scales;
+  // its numerics: block_fold below). Null: the codes path throughout.
   void* rows16 = nullptr;
   int64_t rows16_bytes = 0;
   // The scaled path's numerics. false (the default): every row gets an f16 form (a row whose block

@@ -58,8 +58,8 @@ __global__ void __launch_bounds__(32 * kWarps) scaled_rows_kernel(const ScaledRo
         s >= -5 && s <= 7 ? __ushort_as_half(static_cast<unsigned short>((s + 15) << 10)) : __float2half(1.0f);
     const __half2 m2 = __halves2half2(m, m);
     const uint2 cv = *reinterpret_cast<const uint2*>(rc + j * 8);
-    // A block more than 2^12 below the row's largest (round_wide only; zero blocks never get here
-    // with s < -5 mattering: their values are ±0 either way): code · 2^s in fp32 (exact), rounded.
+    // A block more than 2^12 below the row's largest (only rows formed by round_wide have nonzero
+    // ones; a block of ±0 codes gives ±0 on either branch): code · 2^s in fp32 (exact), rounded.
     const bool rounded = s < -5;
     const float ms = rounded ? __uint_as_float(static_cast<uint32_t>(max(s + 127, 1)) << 23) : 1.0f;
     uint32_t h[4];

@@ -32,6 +32,25 @@ struct TcCase {
   int64_t cpu_rows = 0;  // rows checked against the CPU engine (0: all)
 };
 
+// A bf16 call over device weights w, activations x and outputs y, the tensor cores allowed.
+gpu::DenseArgs tc_args(const void* w, int64_t in, int64_t out, int64_t groups, const float* x, int64_t x_stride,
+                       int64_t m, float* y, int64_t y_stride, bool round) {
+  gpu::DenseArgs a;
+  a.w = w;
+  a.wt = gpu::DenseType::BF16;
+  a.in = in;
+  a.out = out;
+  a.groups = groups;
+  a.x = x;
+  a.x_stride = x_stride;
+  a.m = m;
+  a.y = y;
+  a.y_stride = y_stride;
+  a.round_bf16 = round;
+  a.tensor_core = true;
+  return a;
+}
+
 TEST(GpuOps, DenseTcGemmWithinItsBound) {
   const std::vector<TcCase> cases = {
       {800, 200, 3, 130, true, 8, 5},         // grouped, strided, ragged rows and outputs, rounded
@@ -51,21 +70,11 @@ TEST(GpuOps, DenseTcGemmWithinItsBound) {
     for (size_t i = 0; i < x.size(); i += 7) x[i] = std::ldexp(x[i], static_cast<int>(i % 23) - 11);  // wide range
     const DeviceBuffer dx = DeviceBuffer::from(x);
     Guarded dy(static_cast<size_t>(c.m * ys) * 4);
-    gpu::DenseArgs a;
-    a.w = w.device.get();
-    a.wt = gpu::DenseType::BF16;
-    a.in = c.in;
-    a.out = c.out;
-    a.groups = c.groups;
-    a.x = dx.as<float>();
-    a.x_stride = xs;
-    a.m = c.m;
-    a.y = dy.as<float>();
-    a.y_stride = ys;
-    a.round_bf16 = c.round;
+    gpu::DenseArgs a = tc_args(w.device.get(), c.in, c.out, c.groups, dx.as<float>(), xs, c.m, dy.as<float>(), ys, c.round);
+    ASSERT_TRUE(gpu::raw::dense_tc_gemm_takes(a));
+    a.tensor_core = false;
     EXPECT_FALSE(gpu::raw::dense_tc_gemm_takes(a)) << "taken without tensor_core";
     a.tensor_core = true;
-    ASSERT_TRUE(gpu::raw::dense_tc_gemm_takes(a));
     gpu::lin_dense(a, nullptr);
     sync_ok();
     expect_guards(what, dy);
@@ -121,18 +130,7 @@ TEST(GpuOps, DenseTcGemmKeepsEveryPartOfTheActivations) {
   for (float& v : x) v = std::bit_cast<float>((std::bit_cast<uint32_t>(std::fabs(v)) & ~0xFFu) | 0xFFu);
   const DeviceBuffer dx = DeviceBuffer::from(x);
   Guarded dy(static_cast<size_t>(m * out) * 4);
-  gpu::DenseArgs a;
-  a.w = w.device.get();
-  a.wt = gpu::DenseType::BF16;
-  a.in = in;
-  a.out = out;
-  a.x = dx.as<float>();
-  a.x_stride = in;
-  a.m = m;
-  a.y = dy.as<float>();
-  a.y_stride = out;
-  a.round_bf16 = false;
-  a.tensor_core = true;
+  const gpu::DenseArgs a = tc_args(w.device.get(), in, out, 1, dx.as<float>(), in, m, dy.as<float>(), out, false);
   ASSERT_TRUE(gpu::raw::dense_tc_gemm_takes(a));
   gpu::lin_dense(a, nullptr);
   sync_ok();
@@ -152,18 +150,9 @@ TEST(GpuOps, DenseTcGemmKeepsEveryPartOfTheActivations) {
 }
 
 TEST(GpuOps, DenseTcGemmDeclines) {
-  gpu::DenseArgs a;
   DeviceBuffer buf(1 << 20);
-  a.w = buf.get();
-  a.wt = gpu::DenseType::BF16;
-  a.in = 256;
-  a.out = 128;
-  a.x = buf.as<float>();
-  a.x_stride = 256;
-  a.m = gpu::raw::kDenseTcMinRows;
-  a.y = buf.as<float>();
-  a.y_stride = 128;
-  a.tensor_core = true;
+  const gpu::DenseArgs a =
+      tc_args(buf.get(), 256, 128, 1, buf.as<float>(), 256, gpu::raw::kDenseTcMinRows, buf.as<float>(), 128, true);
   EXPECT_TRUE(gpu::raw::dense_tc_gemm_takes(a));
   gpu::DenseArgs b = a;
   b.m = gpu::raw::kDenseTcMinRows - 1;  // decode and draft sizes keep the CPU's order

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 
@@ -237,6 +238,14 @@ void run_case(const std::string& tag, const ModelConfig& c, int64_t E, int64_t n
   expect_equal(what + " whole-K rows without an expert", wk_zero, want_zero);
   expect_guards(what + " whole-K act", act);
   expect_guards(what + " whole-K y", y);
+  // The whole-K form must really run: its sums round differently from the block fold's (the codes
+  // path's bits, got_y) on ~0.1 % of the bf16 outputs at the real shapes (bench_gpu_moe_grouped), so
+  // a large case where none differ has fallen back to the fold everywhere.
+  if (pairs * dim >= (int64_t{1} << 19)) {
+    size_t differ = 0;
+    for (size_t i = 0; i < wk_y.size(); ++i) differ += std::memcmp(&wk_y[i], &got_y[i], 4) != 0;
+    EXPECT_GT(differ, 0u) << what << ": whole-K outputs identical to the block fold's; the whole-K form did not run";
+  }
   same_bits(" scaled path, whole K", 1, wk_y, wk_act_all);
   info = rows16.to_host<int32_t>(static_cast<size_t>(n + pairs), info_at);
   EXPECT_NE(info[0], gpu::kScaledRowUnscaled) << what << ": token 0's row should be rounded into f16, not left out";

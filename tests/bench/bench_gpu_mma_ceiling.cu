@@ -1,13 +1,14 @@
-// The tensor-core ceiling our kernels can reach: mma.sync issue rate per operand type, measured.
+// The tensor-core ceiling the kernels here can reach: the mma.sync issue rate per operand type.
 //
 // The prefill GEMMs run on mma.sync (the instruction GB10 and the H200 share; wgmma is Hopper-only),
 // while the issue's target is stated against the dense bf16 peak of the H200 (989 TFLOP/s, reached
-// only through wgmma). This benchmark measures what mma.sync itself can issue when nothing else
-// runs: every warp keeps kChains independent accumulator tiles in registers and issues MMAs on
-// operands that never change (one pair per chain), on all SMs, 8 warps a CTA, 4 CTAs an SM. Reported: TFLOP/s per shape
-// (2·M·N·K per MMA) and its share of 989 TFLOP/s. The A/B operands are small constants; the result
-// of each warp is folded into one float and stored so that the compiler keeps every MMA, and the sum
-// is checked against the count of MMAs (each MMA adds a known value to each accumulator).
+// only through wgmma). This benchmark measures what mma.sync itself issues with nothing else in the
+// way: on all SMs, 4 CTAs of 8 warps each, every warp runs kChains independent accumulator chains
+// of kIters MMAs, once with every operand fixed in registers and once with A read from shared
+// memory before each MMA (see mma_loop_kernel). Reported: TFLOP/s per shape and mode (2·M·N·K per
+// MMA) and its share of 989 TFLOP/s. The operands are small powers of two, so each MMA adds a known
+// value to each accumulator: every thread's sum is checked against the count of MMAs, and storing
+// it keeps the compiler from dropping any.
 #include <cuda_runtime.h>
 
 #include <cmath>

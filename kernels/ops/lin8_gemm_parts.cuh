@@ -25,6 +25,7 @@ struct Lin8GemmParts {
   const int32_t* x16_info = nullptr;
   int64_t rows = 0;
   bool round_bf16 = true;
+  bool block_fold = true;  // the tensor-core GEMM's scaled path: Lin8Args::block_fold
 };
 
 // Numbers the output tiles of `tile` outputs over the parts as if their outputs were concatenated

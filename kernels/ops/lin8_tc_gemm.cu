@@ -9,6 +9,9 @@
 // therefore depends only on its own token's codes and scales and its own weight row: the tile, the
 // row count, the token tile it lands in and the other parts of a group change nothing. It equals the
 // CPU reference whenever no block sum rounds in either order (ops/tc_block.cuh has the bound otherwise).
+// The scaled path's default goes further (Lin8Args::block_fold off): every row in f16 and, for the
+// 32-row weight groups whose block scales allow it, the whole K summed in the MMAs (the whole-K
+// form in the kernel); still a function of the output's own row, token and weight group alone.
 //
 // Tiles. The MMA's M side is the weight rows (outputs), its N side the tokens. A CTA computes BM
 // weight rows x BN tokens with WM x WN warps, each warp MT 16-row m-tiles x NT 8-token n-tiles, and
@@ -21,7 +24,7 @@
 // barrier per stage, twice the shared-memory reads) measured 1.25-1.9x slower on H200 at every
 // real shape and row count (bench_gpu_linear --gemm). The scaled path (Lin8Args::rows16) has no
 // activation widening at all: a separate kernel writes the input once as f16 rows that carry their
-// block scales (ops/scaled_rows.h), read here as they are, with one fma per block fold.
+// block scales (ops/scaled_rows.h), read here as they are, with one fma per block fold or none.
 //
 // Grid: x = token tiles (fastest, so the CTAs that read one weight tile run together and the weight
 // comes from DRAM about once), y = weight-row tiles over the parts of a group numbered as if their
@@ -29,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <type_traits>
 
 #include "ops/cp_async.cuh"
 #include "ops/lin8_tc_gemm.h"
@@ -116,25 +120,25 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
     }
   }
 
-  // Copy sources: chunk c = tid + i*kThreads is staged row c/8, bytes 16(c%8).. of the stage's K.
+  // Copy sources: chunk c = tid + i*kThreads is staged row c/8, bytes 16(c%8).. of the stage's K,
+  // so chunk i's source is chunk 0's plus i·kThreads/8 rows (one base pointer and a 32-bit stride:
+  // lin8_tc_gemm_supported keeps `in` small enough) and its row's validity is bit i of a mask.
   const int part16 = (tid & 7) * 16;
-  const uint8_t* a_src[T::kAChunks];
-  bool a_ok[T::kAChunks];
+  const uint8_t* const a_base = pv.w + (f0 + (tid >> 3)) * in + part16;
+  const uint32_t a_stride = static_cast<uint32_t>(kThreads / 8 * in);
+  uint32_t a_rows_ok = 0u;
 #pragma unroll
-  for (int i = 0; i < T::kAChunks; ++i) {
-    const int64_t f = f0 + (tid >> 3) + i * (kThreads / 8);
-    a_ok[i] = f < out;
-    a_src[i] = pv.w + (a_ok[i] ? f : 0) * in + part16;
-  }
+  for (int i = 0; i < T::kAChunks; ++i) a_rows_ok |= (f0 + (tid >> 3) + i * (kThreads / 8) < out ? 1u : 0u) << i;
   auto load_a = [&](int step, int buf) {
     uint8_t* sA = smem + buf * kStageBytes;
     const int64_t k = static_cast<int64_t>(step) * kBK;
     const bool k_ok = k + part16 < in;
+    const uint8_t* const src = a_base + k;
 #pragma unroll
     for (int i = 0; i < T::kAChunks; ++i) {
-      const bool ok = a_ok[i] && k_ok;
+      const bool ok = ((a_rows_ok >> i) & 1u) != 0u && k_ok;
       dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sA + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16,
-                                                    ok ? a_src[i] + k : pv.w, ok);
+                                                    ok ? src + i * a_stride : pv.w, ok);
     }
   };
   // weights first: they never change, so they may be read before the previous kernel finishes
@@ -153,22 +157,18 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
     }
   }
 
+  // B the same way: on the scaled path chunk c = tid + i*kThreads is token row c/16, 8 values (16
+  // bytes) at 8(c%16), so chunk i is chunk 0 plus i·kThreads/16 rows; on the codes path as A.
   constexpr int kBChunks = kR16 ? T::kB16Chunks : T::kBChunks;
-  const uint8_t* b_src[kBChunks];
-  bool b_ok[kBChunks];
+  constexpr int kBRowsPerChunk = kR16 ? kThreads / 16 : kThreads / 8;
+  const int b_row0 = kR16 ? tid / 16 : tid >> 3;
+  const int b_part = kR16 ? (tid % 16) * 16 : part16;  // bytes into the stage's row
+  const uint8_t* const b_base =
+      kR16 ? reinterpret_cast<const uint8_t*>(a.x16 + (m0 + b_row0) * in) + b_part : a.x_codes + (m0 + b_row0) * in + b_part;
+  const uint32_t b_stride = static_cast<uint32_t>(kBRowsPerChunk * in * (kR16 ? 2 : 1));
+  uint32_t b_rows_ok = 0u;
 #pragma unroll
-  for (int i = 0; i < kBChunks; ++i) {
-    if constexpr (kR16) {  // chunk c = tid + i*kThreads: token row c/16, 8 values (16 bytes) at 8(c%16)
-      const int c = tid + i * kThreads;
-      const int64_t t = m0 + c / 16;
-      b_ok[i] = t < rows;
-      b_src[i] = reinterpret_cast<const uint8_t*>(a.x16 + (b_ok[i] ? t : 0) * in + (c % 16) * 8);
-    } else {
-      const int64_t t = m0 + (tid >> 3) + i * (kThreads / 8);
-      b_ok[i] = t < rows;
-      b_src[i] = a.x_codes + (b_ok[i] ? t : 0) * in + part16;
-    }
-  }
+  for (int i = 0; i < kBChunks; ++i) b_rows_ok |= (m0 + b_row0 + i * kBRowsPerChunk < rows ? 1u : 0u) << i;
   // activation scale copy e = tid + i*kThreads: block e / kBN of the stage, token e % kBN
   const float* xs_src[T::kXsCopies];
   bool xs_ok[T::kXsCopies];
@@ -183,21 +183,24 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
     uint8_t* sB = smem + buf * kStageBytes + T::kABytes;
     const int64_t k = static_cast<int64_t>(step) * kBK;
     if constexpr (kR16) {
+      const bool k_ok = k + b_part / 2 < in;
+      const uint8_t* const src = b_base + 2 * k;
 #pragma unroll
       for (int i = 0; i < kBChunks; ++i) {
-        const int c = tid + i * kThreads, row = c / 16, part = c % 16;
-        const bool ok = b_ok[i] && k + part * 8 < in;
-        dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sB + row * kRow16Stride + tc::f16_row_chunk(row, part) * 16,
-                                                      ok ? b_src[i] + 2 * k : b_src[i], ok);
+        const int row = b_row0 + i * kBRowsPerChunk;
+        const bool ok = ((b_rows_ok >> i) & 1u) != 0u && k_ok;
+        dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sB + row * kRow16Stride + tc::f16_row_chunk(row, tid % 16) * 16,
+                                                      ok ? src + i * b_stride : reinterpret_cast<const uint8_t*>(a.x16), ok);
       }
     } else {
       float* sXs = reinterpret_cast<float*>(sB + T::kBBytes);
       const bool k_ok = k + part16 < in;
+      const uint8_t* const src = b_base + k;
 #pragma unroll
       for (int i = 0; i < kBChunks; ++i) {
-        const bool ok = b_ok[i] && k_ok;
-        dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sB + ((tid >> 3) + i * (kThreads / 8)) * kRowStride + part16,
-                                                      ok ? b_src[i] + k : a.x_codes, ok);
+        const bool ok = ((b_rows_ok >> i) & 1u) != 0u && k_ok;
+        dev::cp_async16_if<kCpOrder, dev::CpL2::B128>(sB + (b_row0 + i * kBRowsPerChunk) * kRowStride + part16,
+                                                      ok ? src + i * b_stride : a.x_codes, ok);
       }
 #pragma unroll
       for (int i = 0; i < T::kXsCopies; ++i) {
@@ -221,17 +224,56 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 
   const int row_base = warp_m * kMT * 16, tok_base = warp_n * kNT * 8;
-  for (int step = 0; step < n_steps; ++step) {
-    dev::cp_async_wait<kStages - 2, kCpOrder>();
-    __syncthreads();  // stage `step` visible to all; the buffer refilled below is no longer read
-    {
-      const int next = step + kStages - 1;
-      if (next < n_steps) load_a(next, next % kStages), load_b(next, next % kStages);
-      dev::cp_async_commit<kCpOrder>();
+  // A warp's rows are whole 32-row groups of the weight scales (row_base is a multiple of 32), two
+  // m-tiles each: m-tile mt lies in the warp's group mt / 2.
+  static_assert(kMT % 2 == 0);
+  constexpr int kWarpGroups = kMT / 2;
+  auto group_of = [&](int mt) { return (row_base >> 5) + mt / 2; };
+
+  // The scaled path's whole-K form (Lin8GemmParts::block_fold off): the weights enter the tensor
+  // core as code · 2^(s_b - s_ref) in f16 (s_b a block's E8M0 byte, s_ref one per 32-row scale
+  // group; tc::scale_block_a), so the products carry their block's weight scale relative to the
+  // group's, and the MMAs accumulate the whole K in their fp32 accumulators: no per-block fold, no
+  // scale decoding in the loop. The epilogue multiplies by 2^(s_ref - 127). A group takes it when
+  // its scale bytes over the whole K are 1..254 and within 2^21 of each other (s_ref = min(smallest
+  // + 14, 254) puts every t = s_b - s_ref in [-14, 7], where e4m3 · 2^t is exact in f16); otherwise
+  // its m-tiles fold per block. The choice depends on the group's weights alone: never on the tile,
+  // the tokens or the other rows.
+  bool wk[kWarpGroups];
+  uint32_t wk_bias[kWarpGroups];  // (15 - s_ref) · 0x04000400: plus s_b · 0x04000400, the f16x2 of 2^(s_b - s_ref)
+  int wk_exp[kWarpGroups];        // s_ref - 127
+  bool all_wk = kR16 && !a.block_fold, any_wk = false;
+#pragma unroll
+  for (int wg = 0; wg < kWarpGroups; ++wg) {
+    wk[wg] = false, wk_bias[wg] = 0u, wk_exp[wg] = 0;
+    if constexpr (kR16) {
+      if (!a.block_fold) {  // s_ws is complete: tile_scaled's barrier came after its copies
+        const uint8_t* srow = s_ws + static_cast<int64_t>(group_of(2 * wg)) * nb;
+        uint32_t lo = 255u, hi = 0u;
+        for (int64_t i = lane; i < nb; i += 32) {
+          const uint32_t b = srow[i];
+          lo = min(lo, b), hi = max(hi, b);
+        }
+        lo = __reduce_min_sync(dev::kFull, lo);
+        hi = __reduce_max_sync(dev::kFull, hi);
+        wk[wg] = lo >= 1u && hi <= 254u && hi - lo <= 21u;
+        const int s_ref = min(static_cast<int>(lo) + 14, 254);
+        if (wk[wg]) wk_bias[wg] = static_cast<uint32_t>(15 - s_ref) * 0x04000400u, wk_exp[wg] = s_ref - 127;
+        all_wk = all_wk && wk[wg];
+        any_wk = any_wk || wk[wg];
+      }
     }
+  }
+
+  // One stage in one of three forms, so that a warp pays for a per-m-tile choice only when its
+  // m-tiles differ: every m-tile folding per block (the codes path, block_fold, groups outside the
+  // whole-K range), every one summing the whole K (the scaled path's common case), or each as its group.
+  enum : int { kFoldAll, kWholeKAll, kPerTile };
+  auto compute_stage = [&](int step, auto form_tag) {
+    constexpr int kForm = decltype(form_tag)::value;
+    auto whole_k = [&](int mt) { return kForm == kWholeKAll || (kForm == kPerTile && wk[mt / 2]); };
     const uint8_t* sA = smem + (step % kStages) * kStageBytes;
     const uint8_t* sB = sA + T::kABytes;
-    const float* sXs = reinterpret_cast<const float*>(sB + T::kBBytes);
     const int64_t kb0 = static_cast<int64_t>(step) * kStageBlocks;
 #pragma unroll
     for (int kbl = 0; kbl < kStageBlocks; ++kbl) {
@@ -245,7 +287,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
         const uint2 w1 = *reinterpret_cast<const uint2*>(sA + (r + 8) * kRowStride + kbl * 32 + tig * 8);
         af[mt] = tc::block_a_fp8(w0, w1);
         // rows g and g+8 of an m-tile share one 32-row scale group
-        ws[mt] = dev::e8m0_value(s_ws[((row_base + mt * 16) >> 5) * nb + kb0 + kbl]);
+        const uint32_t sb = s_ws[group_of(mt) * nb + kb0 + kbl];
+        if (whole_k(mt)) tc::scale_block_a(af[mt], sb * 0x04000400u + wk_bias[mt / 2]);
+        else ws[mt] = dev::e8m0_value(static_cast<uint8_t>(sb));
       }
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -256,14 +300,20 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
           const tc::BlockB bf = tc::block_b_f16(bv);
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            float d[4];
-            tc::block_dot(d, af[mt], bf);
+            if (whole_k(mt)) {
+              tc::mma_f16(acc[mt][nt], af[mt].r[0], bf.r[0][0], bf.r[0][1]);
+              tc::mma_f16(acc[mt][nt], af[mt].r[1], bf.r[1][0], bf.r[1][1]);
+            } else {
+              float d[4];
+              tc::block_dot(d, af[mt], bf);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[mt][nt][i] = tc::fold_block_scaled(acc[mt][nt][i], d[i], ws[mt]);
+              for (int i = 0; i < 4; ++i) acc[mt][nt][i] = tc::fold_block_scaled(acc[mt][nt][i], d[i], ws[mt]);
+            }
           }
         } else {
           const uint2 bv = *reinterpret_cast<const uint2*>(sB + (t + g) * kRowStride + kbl * 32 + tig * 8);
           const tc::BlockB bf = tc::block_b(bv);
+          const float* sXs = reinterpret_cast<const float*>(sB + T::kBBytes);
           const float2 xs = *reinterpret_cast<const float2*>(sXs + kbl * kBN + t + 2 * tig);
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
@@ -277,10 +327,32 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
         }
       }
     }
+  };
+
+  for (int step = 0; step < n_steps; ++step) {
+    dev::cp_async_wait<kStages - 2, kCpOrder>();
+    __syncthreads();  // stage `step` visible to all; the buffer refilled below is no longer read
+    {
+      const int next = step + kStages - 1;
+      if (next < n_steps) load_a(next, next % kStages), load_b(next, next % kStages);
+      dev::cp_async_commit<kCpOrder>();
+    }
+    if (kR16 && all_wk) compute_stage(step, std::integral_constant<int, kWholeKAll>{});
+    else if (kR16 && any_wk) compute_stage(step, std::integral_constant<int, kPerTile>{});
+    else compute_stage(step, std::integral_constant<int, kFoldAll>{});
   }
   dev::cp_async_wait<0, kCpOrder>();
 
-  // d[2h + c]: weight row g + 8h, token 2tig + c of the MMA tile
+  // d[2h + c]: weight row g + 8h, token 2tig + c of the MMA tile. The scaled path's row exponents
+  // are read once per token.
+  int row_exp[kNT][2];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int64_t t = m0 + tok_base + nt * 8 + 2 * tig + c;
+      row_exp[nt][c] = kR16 && t < rows ? a.x16_info[t] : 0;
+    }
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -291,8 +363,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) lin8_tc_gemm_kerne
         const int64_t t = m0 + tok_base + nt * 8 + 2 * tig + (i & 1);
         if (f < out && t < rows) {
           float v = acc[mt][nt][i];
-          // back from the row's 2^c (exact: a power of two, 0 <= c <= 100)
-          if constexpr (kR16) v = __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(127 - a.x16_info[t]) << 23));
+          // back from the row's 2^c (0 <= c <= 100), and in the whole-K form times the group's
+          // 2^(s_ref - 127): one power of two 2^e, e in [-212, 127], in at most two exact steps
+          if constexpr (kR16) v = dev::times_pow2(v, wk_exp[mt / 2] - row_exp[nt][i & 1]);
           pv.y[t * pv.y_stride + f] = a.round_bf16 ? dev::bf16_round(v) : v;
         }
       }
@@ -334,8 +407,11 @@ cudaError_t launch_call(TcArgs a, const Lin8Args& l, cudaStream_t s) {
     auto* base = static_cast<uint8_t*>(l.rows16);
     a.x16 = reinterpret_cast<const uint16_t*>(base);
     a.x16_info = reinterpret_cast<const int32_t*>(base + lin8_rows16_info_offset(l.m, l.w.in));
-    const ScaledRowsArgs r{l.x_codes, l.x_scales, l.m, l.w.in, reinterpret_cast<uint16_t*>(base),
-                           reinterpret_cast<int32_t*>(base + lin8_rows16_info_offset(l.m, l.w.in))};
+    ScaledRowsArgs r{l.x_codes, l.x_scales, l.m, l.w.in, reinterpret_cast<uint16_t*>(base),
+                     reinterpret_cast<int32_t*>(base + lin8_rows16_info_offset(l.m, l.w.in))};
+    // The whole-K form converts every finite row (rounding a wide row's smallest blocks), so that no
+    // row's neighbours send its token tile to the codes path and its other numerics.
+    r.round_wide = !l.block_fold;
     cudaError_t e = raw::scaled_rows(r, s);
     if (e != cudaSuccess) return e;
     e = launch_tile<T, true>(a, s);
@@ -345,16 +421,17 @@ cudaError_t launch_call(TcArgs a, const Lin8Args& l, cudaStream_t s) {
 }
 
 // Time model (µs, H200, bench_gpu_linear --gemm): a launch, then waves of CTAs times the K stages,
-// each stage of a wave taking the tile's stage_us (measured 3.4-3.6 µs for the 128 x 128 tile, one
-// CTA per SM, and 1.9-2.1 µs for a wave of two 64 x 64 CTAs per SM, on every real shape at m = 32
-// to 1024).
+// each stage of a wave taking the tile's stage_us: on the scaled path's whole-K form (what the
+// engine's prefill passes take) 2.1-2.6 µs for the 128 x 128 tile, one CTA per SM, and 1.28-1.57
+// µs for a wave of two 64 x 64 CTAs per SM over the real shapes at m = 2,048 (the short-K ones
+// highest).
 struct TileCost {
   int bm, bn, per_sm;
   double stage_us;
 };
 constexpr double kLaunchUs = 3.0;
 constexpr TileCost kTileCosts[raw::kLin8TcTiles + 1] = {
-    {0, 0, 0, 0.0}, {128, 128, 1, 3.5}, {64, 64, 2, 2.0}};
+    {0, 0, 0, 0.0}, {128, 128, 1, 2.2}, {64, 64, 2, 1.35}};
 double tile_us(int tile, int64_t m, int64_t in, const int64_t* outs, int n_parts) {
   const TileCost& t = kTileCosts[tile];
   int64_t cols = 0;
@@ -407,6 +484,7 @@ cudaError_t lin8_tc_gemm(const Lin8GroupArgs& g, int tile, cudaStream_t s) {
   if (g.count <= 0 || g.lin[0].m <= 0) return cudaSuccess;
   TcArgs a;
   fill_lin8_parts(a, g, kMaxParts);
+  a.block_fold = g.lin[0].block_fold;
   if (tile < 1 || tile > kLin8TcTiles) lin8_tc_gemm_us(g, &tile);
   if (!lin8_tc_gemm_tile_fits(tile, g.lin[0].w.in)) return cudaErrorInvalidValue;
   return tile == 1 ? launch_call<BigTile>(a, g.lin[0], s) : launch_call<SmallTile>(a, g.lin[0], s);

@@ -1,7 +1,8 @@
 // Tensor-core Lin8 GEMM for prefill passes (kernels/ops/lin8_tc_gemm.cu). lin8_gemm (lin_gemm.cu)
 // hands a call here when the call allows tensor-core block sums (exact_block_sums == false) and has
-// enough rows; each 32-wide block is summed by the canonical arrangement of ops/tc_block.cuh, so an
-// output is the same bits whatever the tile, m, or the other parts of a group.
+// enough rows; each 32-wide block is summed by the canonical arrangement of ops/tc_block.cuh (or, on
+// the scaled path by default, the whole K of a weight group whose scales allow it), so an output is
+// the same bits whatever the tile, m, or the other parts of a group.
 #pragma once
 #include <cuda_runtime.h>
 

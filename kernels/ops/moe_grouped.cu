@@ -205,11 +205,6 @@ __device__ __forceinline__ float e8m0_normal_byte(uint32_t w) {
   asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(bits) : "r"(b), "r"(1u << 23), "r"(0u));
   return __uint_as_float(bits);
 }
-// v · 2^e for e in [-252, 127]: one multiply by a normal power of two, or two.
-__device__ __forceinline__ float times_pow2(float v, int e) {
-  if (e >= -126) return __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(e + 127) << 23));
-  return __fmul_rn(__fmul_rn(v, __uint_as_float(1u << 23)), __uint_as_float(static_cast<uint32_t>(e + 126 + 127) << 23));
-}
 
 // Nonzero when a byte of w is 0x00 or 0xFF (the two E8M0 codes e8m0_normal_byte gets wrong).
 __device__ __forceinline__ uint32_t e8m0_special_bytes(uint32_t w) {
@@ -514,7 +509,7 @@ __device__ __forceinline__ void gemm_tile(const MoeGroupedArgs& a, uint8_t* smem
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            acc[mt][nt][2 * h + c] = times_pow2(
+            acc[mt][nt][2 * h + c] = dev::times_pow2(
                 acc[mt][nt][2 * h + c], (whole_k ? static_cast<int>(t_base[mt][h] & 0xFFu) + 13 - 127 : 0) - cpow);
       }
       if constexpr (kGateUp) {

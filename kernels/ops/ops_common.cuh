@@ -126,6 +126,12 @@ __device__ __forceinline__ float e8m0_value(uint8_t b) {
   if (b == 0) return __uint_as_float(0x00400000u);
   return __uint_as_float(static_cast<uint32_t>(b) << 23);
 }
+// v · 2^e for e in [-252, 127]: one multiply by a normal power of two, or two (exact unless the
+// result leaves fp32's normal range).
+__device__ __forceinline__ float times_pow2(float v, int e) {
+  if (e >= -126) return __fmul_rn(v, __uint_as_float(static_cast<uint32_t>(e + 127) << 23));
+  return __fmul_rn(__fmul_rn(v, __uint_as_float(1u << 23)), __uint_as_float(static_cast<uint32_t>(e + 126 + 127) << 23));
+}
 __device__ __forceinline__ float e2m1_value(uint8_t nibble) {
   const uint8_t m = nibble & 7;
   const float v = m < 4 ? 0.5f * m : (m == 4 ? 2.0f : (m == 5 ? 3.0f : (m == 6 ? 4.0f : 6.0f)));

@@ -96,10 +96,15 @@ struct Lin8Args {
   bool exact_block_sums = false;
   // Optional scratch for the tensor-core GEMM's scaled path (lin8_rows16_bytes(m, in) bytes or more,
   // 16-byte aligned, apart from every other buffer; a group reads linear 0's): the input rows in f16
-  // with their block scales folded in (ops/scaled_rows.h), one fma per block fold; the same bits.
-  // Null or too small: the codes path.
+  // with their block scales folded in (ops/scaled_rows.h). Null or too small: the codes path.
   void* rows16 = nullptr;
   int64_t rows16_bytes = 0;
+  // The scaled path's numerics. true: blocks folded one by one (the codes path's bits). false (the
+  // default): every finite row becomes f16 (ScaledRowsArgs::round_wide) and a 32-row weight group
+  // whose block scales lie within 2^21 of each other sums the whole K in the MMAs, its block
+  // scales inside the widened weights (kernels/ops/lin8_tc_gemm.cu); within the bound of
+  // tests/gpu_ops/lin8_tc_gemm_test.cpp, and a row's bits still never depend on the other rows.
+  bool block_fold = false;
 };
 // Bytes of Lin8Args::rows16 for m rows of `in` codes: the f16 rows, 16-byte aligned, then an int32
 // row exponent per row.

@@ -117,6 +117,16 @@ __device__ __forceinline__ BlockA block_a_fp8(uint2 row_g, uint2 row_g8) {
   return a;
 }
 
+// The same fragments times 2^t, m the f16x2 of 2^t in both halves (a normal power of two: t in
+// [-14, 15]). Exact for e4m3 values while t lies in [-14, 7]: the smallest, 2^-9, stays on the f16
+// grid (2^-23 >= 2^-24) and the largest, 448, stays finite (57344).
+__device__ __forceinline__ void scale_block_a(BlockA& a, uint32_t m) {
+#pragma unroll
+  for (int s = 0; s < 2; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(a.r[s][i]) : "r"(m));
+}
+
 // B fragments of one block: [k16 step][mma B register].
 struct BlockB {
   uint32_t r[2][2];

@@ -15,12 +15,11 @@
 
 namespace dsv41::model::cuda {
 
-// Lin8 inputs from this width take the tensor-core GEMM's scaled path (Lin8Args::rows16). H200,
-// bench_gpu_linear --gemm 2048, codes path -> scaled path (its conversion and second launch
-// included): the linears of 2,304- to 8,192-wide inputs (wo_b, wq_a, wkv, the shared expert, Engram
-// wkv) 2.6-14 % faster, the two of 1,280 (wq_b, the indexer's wq_b) 1.3 and 3.8 % slower: too few
-// K steps to pay for the conversion.
-constexpr int64_t kLin8ScaledMinIn = 2048;
+// Every Lin8 call gets the arena's f16 rows (Lin8Args::rows16): the tensor-core GEMM's scaled path,
+// whole-K sums by default. H200, bench_gpu_linear --gemm 2048, codes path -> scaled whole-K path (its
+// conversion and second launch included): wo_b, Engram wkv, wq_a, wkv, the shared expert 15-31 %
+// faster, and the 1,280-wide wq_b and indexer wq_b 9-12 % (which lost 1-4 % on the scaled path when
+// it still folded every block: bench/RESULTS.md).
 
 namespace gpu = ops::gpu;
 
@@ -89,10 +88,8 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
     a.y_stride = y_stride;
     a.round_bf16 = round;
     a.exact_block_sums = opts.exact_block_sums || sequential_pass;
-    if (l.in >= kLin8ScaledMinIn) {
-      a.rows16 = sc.rows16;
-      a.rows16_bytes = sc.rows16_bytes;
-    }
+    a.rows16 = sc.rows16;
+    a.rows16_bytes = sc.rows16_bytes;
     gpu::lin8(a, stream);
   } else {
     gpu::Lin4Args a;
@@ -138,10 +135,8 @@ void Impl::linear_pair(const GpuLinear& l1, float* y1, int64_t y1_stride, const 
       a.y_stride = strides[p];
       a.round_bf16 = round;
       a.exact_block_sums = opts.exact_block_sums || sequential_pass;
-      if (l1.in >= kLin8ScaledMinIn) {
-        a.rows16 = sc.rows16;
-        a.rows16_bytes = sc.rows16_bytes;
-      }
+      a.rows16 = sc.rows16;
+      a.rows16_bytes = sc.rows16_bytes;
     }
     gpu::lin8_group(g, stream);
   } else {

@@ -14,8 +14,10 @@
 // Usage: bench_gpu_linear [--quick | --pairs | --gemm [M,M,...]]   (--quick: m = 1 only, fewer iterations;
 // --gemm: the Lin8 shapes at prefill sizes, the GEMM (kernels/ops/lin_gemm.cu, each CTA tile and the
 // automatic choice, and the tensor-core GEMM of kernels/ops/lin8_tc_gemm.cu, each tile and the
-// default dispatch, on its codes path and its scaled path ("/s": Lin8Args::rows16, as the engine
-// calls it; checked bit for bit against the codes path)) vs the GEMV kernel, in µs and TFLOP/s;
+// default dispatch, on its codes path, its scaled path folding blocks ("/s": Lin8Args::rows16 with
+// block_fold; checked bit for bit against the codes path) and the scaled path's default, as the
+// engine calls it ("/wk": whole-K sums; checked against the sequential sums like the codes path))
+// vs the GEMV kernel, in µs and TFLOP/s;
 // --decode: the block-scaled linears at
 // m = 1, 2, 4)
 // --dense [decode|sweep]: the dense linears at decode sizes (m = 1, 2, 4) on the streaming kernel
@@ -386,9 +388,10 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
       static const char* const kTcNames[] = {"", "tc128x128", "tc64x64"};
       const std::string tc_name = tile < 3 ? kTcNames[tile] : "tc";
       line(tc_name, time_calls(call, n_it));
-      // the scaled path (Lin8Args::rows16, as the engine calls it): the same bits, timed
+      // the scaled path (Lin8Args::rows16) folding its blocks one by one: the same bits, timed
       a.rows16 = rows16.get();
       a.rows16_bytes = static_cast<int64_t>(rows16.bytes());
+      a.block_fold = true;
       gpu::check_cuda(cudaMemset(y_gemm.get(), 0xFF, static_cast<size_t>(m * out) * 4), "poison");
       call(0);
       gpu::check_cuda(cudaDeviceSynchronize(), "lin8 tc gemm, scaled path");
@@ -399,6 +402,29 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
                   differ ? "FAILED" : "ok");
       if (differ) ++g_failures;
       line(tc_name + "/s", time_calls(call, n_it));
+      // its default, as the engine calls it: whole-K sums (Lin8Args::block_fold off), held to the
+      // same closeness to the sequential sums as the codes path
+      a.block_fold = false;
+      gpu::check_cuda(cudaMemset(y_gemm.get(), 0xFF, static_cast<size_t>(m * out) * 4), "poison");
+      call(0);
+      gpu::check_cuda(cudaDeviceSynchronize(), "lin8 tc gemm, whole K");
+      const std::vector<float> whole = y_gemm.to_host<float>(static_cast<size_t>(m * out));
+      size_t wk_same = 0, wk_fold_same = 0, wk_nonfinite = 0;
+      double wk_worst = 0.0;
+      for (size_t i = 0; i < whole.size(); ++i) {
+        wk_same += std::memcmp(&whole[i], &ref[i], 4) == 0;
+        wk_fold_same += std::memcmp(&whole[i], &got[i], 4) == 0;
+        if (!std::isfinite(whole[i])) ++wk_nonfinite;
+        else wk_worst = std::max(wk_worst, std::fabs(double(whole[i]) - ref[i]));
+      }
+      wk_worst /= std::max(largest, 1e-30);
+      const bool wk_bad = wk_nonfinite != 0 || wk_worst > 1e-2;
+      std::printf("  check %-40s %s (%zu/%zu equal to the sequential sums, %zu to the block fold, worst difference "
+                  "%.2e of the largest output)\n",
+                  ("lin8 tc tile " + std::to_string(tile) + " whole-K " + name + " m=" + std::to_string(m)).c_str(),
+                  wk_bad ? "FAILED" : "ok", wk_same, whole.size(), wk_fold_same, wk_worst);
+      if (wk_bad) ++g_failures;
+      line(tc_name + "/wk", time_calls(call, n_it));
       a.rows16 = nullptr;
       a.rows16_bytes = 0;
     }
@@ -408,7 +434,10 @@ void bench_lin8_gemm(const std::string& name, int64_t in, int64_t out, const std
       line("dispatch", time_calls(call, n_it));
       a.rows16 = rows16.get();
       a.rows16_bytes = static_cast<int64_t>(rows16.bytes());
+      a.block_fold = true;
       line("dispatch/s", time_calls(call, n_it));
+      a.block_fold = false;
+      line("dispatch/wk", time_calls(call, n_it));
       a.rows16 = nullptr;
       a.rows16_bytes = 0;
     }

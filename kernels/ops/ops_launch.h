@@ -103,7 +103,8 @@ struct Lin8Args {
   // default): every finite row becomes f16 (ScaledRowsArgs::round_wide) and a 32-row weight group
   // whose block scales lie within 2^21 of each other sums the whole K in the MMAs, its block
   // scales inside the widened weights (kernels/ops/lin8_tc_gemm.cu); within the bound of
-  // tests/gpu_ops/lin8_tc_gemm_test.cpp, and a row's bits still never depend on the other rows.
+  // tests/gpu_ops/lin8_tc_gemm_test.cpp, and a row's bits depend on no other row, except that a row
+  // with a non-finite activation (no f16 form) sends its token tile to the codes path.
   bool block_fold = false;
 };
 // Bytes of Lin8Args::rows16 for m rows of `in` codes: the f16 rows, 16-byte aligned, then an int32

@@ -16,10 +16,10 @@
 namespace dsv41::model::cuda {
 
 // Every Lin8 call gets the arena's f16 rows (Lin8Args::rows16): the tensor-core GEMM's scaled path,
-// whole-K sums by default. H200, bench_gpu_linear --gemm 2048, codes path -> scaled whole-K path (its
-// conversion and second launch included): wo_b, Engram wkv, wq_a, wkv, the shared expert 15-31 %
-// faster, and the 1,280-wide wq_b and indexer wq_b 9-12 % (which lost 1-4 % on the scaled path when
-// it still folded every block: bench/RESULTS.md).
+// whole-K sums by default. H200, bench_gpu_linear --gemm 2048, its conversion and second launch
+// included: 12-29 % faster on each of the eight real shapes than the previous choice (the codes
+// path below 2,048-wide inputs, where the block-folding scaled path lost 1-4 %, and that path above),
+// 26.9 % on their sum (bench/RESULTS.md).
 
 namespace gpu = ops::gpu;
 

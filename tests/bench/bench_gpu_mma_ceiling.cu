@@ -26,6 +26,8 @@ constexpr int kIters = 4096;     // MMAs per chain
 
 enum class Shape { F16K16, Bf16K16, E4m3K32 };
 
+// asm volatile, unlike the engine's tc::mma_f16 (ops/tc_block.cuh): a ceiling bench's MMAs must be
+// issued as written, never merged or hoisted by the compiler.
 template <Shape S>
 __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                     uint32_t b1) {

@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 label=${1:-cpu}
+t0=$(date +%s)
 scripts/setup.sh
+echo "test: setup and build took $(( $(date +%s) - t0 )) s"
 # The OpenAI JS SDK client test (ctest js_openai_sdk) needs tests/js/node_modules: install the
 # pinned package from the committed lock file (node/npm from Debian when missing).
 if ! command -v npm >/dev/null; then
@@ -12,6 +14,13 @@ if ! command -v npm >/dev/null; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm
 fi
-if [ "$label" = cpu ]; then (cd tests/js && npm ci --no-audit --no-fund --loglevel=error); fi
+# Bounded so a stalled registry fails the run with a message instead of eating CI's time limit.
+if [ "$label" = cpu ]; then
+  (cd tests/js && timeout 600 npm ci --no-audit --no-fund --loglevel=error --fetch-timeout=60000 --fetch-retries=2) ||
+    { echo "test: npm ci failed or took over 600 s (tests/js/node_modules)" >&2; exit 1; }
+fi
 BUILD_DIR=${DSV41_BUILD_DIR:-build}
-ctest --test-dir "$BUILD_DIR" -L "$label" --output-on-failure -j "${DSV41_TEST_JOBS:-$(nproc)}"
+t1=$(date +%s)
+# A hung test fails after 600 s, named, instead of running into CI's time limit.
+ctest --test-dir "$BUILD_DIR" -L "$label" --output-on-failure --timeout 600 -j "${DSV41_TEST_JOBS:-$(nproc)}"
+echo "test: ctest took $(( $(date +%s) - t1 )) s"

@@ -22,7 +22,7 @@ namespace dsv41::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;  // key order kept: the report reads top-down
 
 struct InspectOptions {
   std::string model_dir;
@@ -41,8 +41,8 @@ constexpr const char* kPartition =
     "main_proj, confidence head) replicated. Bytes as stored (FP8/FP4/EXL3), before any load-time "
     "widening.";
 
-json component_json(const Report& r) {
-  json j = json::object();
+ojson component_json(const Report& r) {
+  ojson j = ojson::object();
   for (int i = 0; i < kNumComponents; ++i) {
     const auto& c = r.components[static_cast<size_t>(i)];
     j[component_name(static_cast<Component>(i))] = {{"tensors", c.tensors}, {"parameters", c.parameters}, {"bytes", c.bytes}};
@@ -50,17 +50,17 @@ json component_json(const Report& r) {
   return j;
 }
 
-json exl3_json(const Exl3Stats& s) {
-  json hist = json::object();
+ojson exl3_json(const Exl3Stats& s) {
+  ojson hist = ojson::object();
   for (const auto& [k, n] : s.k_histogram) hist[std::to_string(k)] = n;
   return {{"linears", s.linears}, {"weights", s.weights}, {"storage_bytes", s.storage_bytes},
           {"mean_k", s.mean_k()}, {"bits_per_weight", s.bits_per_weight()}, {"k_histogram", hist}};
 }
 
-json ranks_json(const Report& r, int world_size) {
-  json ranks = json::array();
+ojson ranks_json(const Report& r, int world_size) {
+  ojson ranks = ojson::array();
   for (const auto& re : r.ranks) {
-    json comp = json::object();
+    ojson comp = ojson::object();
     for (int i = 0; i < kNumComponents; ++i)
       comp[component_name(static_cast<Component>(i))] = re.by_component[static_cast<size_t>(i)];
     ranks.push_back({{"rank", re.rank}, {"resident_bytes", re.resident_bytes},
@@ -70,7 +70,7 @@ json ranks_json(const Report& r, int world_size) {
   return {{"world_size", world_size}, {"partition", kPartition}, {"ranks", ranks}};
 }
 
-json config_json(const ModelConfig& c) {
+ojson config_json(const ModelConfig& c) {
   return {{"architecture", c.architecture},
           {"model_type", c.model_type},
           {"quant_method", c.quant.method},
@@ -218,23 +218,23 @@ int run_inspect(const InspectOptions& o) {
   const Report& main = files ? *files : expected ? *expected : empty;
 
   if (o.json) {
-    json j;
+    ojson j;
     j["n_tensors"] = main.n_tensors;
     j["total_bytes"] = main.total_bytes;
     j["parameters"] = main.parameters;
     j["source"] = files ? "checkpoint" : "manifest";
     j["path"] = o.model_dir.empty() ? o.config_only : o.model_dir;
     j["format"] = fmt_name;
-    j["config"] = cfg ? config_json(*cfg) : json(nullptr);
-    j["expected"] = expected ? json{{"n_tensors", expected->n_tensors}, {"total_bytes", expected->total_bytes},
+    j["config"] = cfg ? config_json(*cfg) : ojson(nullptr);
+    j["expected"] = expected ? ojson{{"n_tensors", expected->n_tensors}, {"total_bytes", expected->total_bytes},
                                     {"parameters", expected->parameters}}
-                             : json(nullptr);
-    j["checkpoint"] = files ? json{{"n_tensors", files->n_tensors}, {"total_bytes", files->total_bytes},
+                             : ojson(nullptr);
+    j["checkpoint"] = files ? ojson{{"n_tensors", files->n_tensors}, {"total_bytes", files->total_bytes},
                                    {"parameters", files->parameters}, {"n_files", n_files}}
-                            : json(nullptr);
+                            : ojson(nullptr);
     j["components"] = component_json(main);
-    json ex = exl3_json(main.exl3);
-    json exc = json::object();
+    ojson ex = exl3_json(main.exl3);
+    ojson exc = ojson::object();
     for (int i = 0; i < kNumComponents; ++i)
       if (main.exl3_by_component[static_cast<size_t>(i)].linears)
         exc[component_name(static_cast<Component>(i))] = exl3_json(main.exl3_by_component[static_cast<size_t>(i)]);
@@ -243,7 +243,7 @@ int run_inspect(const InspectOptions& o) {
     j["per_rank"] = ranks_json(main, o.world_size);
     j["valid"] = problems.empty();
     j["problems"] = problems;
-    const std::string out = j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+    const std::string out = j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
     std::fwrite(out.data(), 1, out.size(), stdout);
   } else {
     print_text(o, cfgp, fmt_name, expected, files, n_files, main, problems);

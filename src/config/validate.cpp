@@ -68,8 +68,6 @@ bool layer_list(Problems& p, const char* key, const std::vector<int64_t>& ids, i
   return ok;
 }
 
-bool contains(const std::vector<int64_t>& v, int64_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
-
 uint64_t mul_mod(uint64_t a, uint64_t b, uint64_t m) {
   return static_cast<uint64_t>(static_cast<unsigned __int128>(a) * b % m);
 }
@@ -258,7 +256,7 @@ std::vector<std::string> validate_config(const ModelConfig& c) {
   const bool idx_ok = layers_ok && layer_list(p, "index_source_layer_ids", c.index_source_layer_ids, nl);
   if (kv_ok && idx_ok) {
     for (auto s : c.kv_source_layer_ids)
-      if (!contains(c.index_source_layer_ids, s))
+      if (!c.is_index_source(s))
         p.add("kv_source_layer_ids contains {} but index_source_layer_ids does not (index sources must include every KV source)", s);
   }
   if (ratios_ok && kv_ok && idx_ok) {
@@ -290,7 +288,7 @@ std::vector<std::string> validate_config(const ModelConfig& c) {
   }
   if (c.candidate_source_layer_id != -1) {
     const int64_t cs = c.candidate_source_layer_id;
-    if (!contains(c.index_source_layer_ids, cs))
+    if (!c.is_index_source(cs))
       p.add("candidate_source_layer_id = {} is not in index_source_layer_ids", cs);
     else if (ratios_ok && c.ratio(cs) != 1)
       p.add("candidate_source_layer_id = {} has compress_ratios {}, expected 1", cs, c.ratio(cs));

@@ -11,6 +11,8 @@
 namespace dsv41::dist {
 
 inline constexpr uint32_t kProtocolVersion = 1;
+// Each side sends kHeartbeat this often, and checks the other's silence against its timeout as often.
+inline constexpr int kHeartbeatMs = 500;
 
 enum MsgType : uint32_t {
   kHello = 1,      // worker -> head: Hello

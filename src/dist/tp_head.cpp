@@ -5,11 +5,6 @@
 #include <chrono>
 
 namespace dsv41::dist {
-namespace {
-
-constexpr int kHeartbeatMs = 500;
-
-}  // namespace
 
 TpHead::TpHead(const TpHeadOptions& o, Identity id, std::shared_ptr<TcpCollective> tcp)
     : opt_(o), id_(std::move(id)), tcp_(std::move(tcp)) {

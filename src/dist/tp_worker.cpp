@@ -22,7 +22,6 @@
 namespace dsv41::dist {
 namespace {
 
-constexpr int kHeartbeatMs = 500;
 constexpr int kRetryMs = 300;
 
 // One session with rank 0: the control socket, its reader and heartbeat threads.

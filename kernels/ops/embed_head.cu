@@ -19,6 +19,10 @@ __global__ void embed_kernel(EmbedArgs a) {
     const int64_t tok = a.tokens[t];
     a.out[idx] = (tok < 0 || tok >= a.vocab) ? NAN : dev::bf16_bits_to_f32(a.table[tok * a.dim + d]);
   }
+  if (a.pre_out)  // written here rather than uploaded: one copy less before a step's first kernel
+    for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < a.n * a.hc;
+         idx += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      a.pre_out[idx] = idx % a.hc == 0 ? 1.0f : 0.0f;
 }
 
 // Is (v, i) ahead of (bv, bi)? NaN first, then larger value, then lower index.

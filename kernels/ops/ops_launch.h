@@ -386,6 +386,7 @@ struct EmbedArgs {
   const int32_t* tokens = nullptr;  // [n]; an id outside the vocabulary yields NaN rows
   int64_t n = 0;
   float* out = nullptr;  // [n][hc][dim]: the row copied into every stream
+  float* pre_out = nullptr;  // optional [n][hc]: (1, 0, .., 0) per token, the weights a pass's streams start with
 };
 struct ArgmaxArgs {
   const float* x = nullptr;  // [rows][n]

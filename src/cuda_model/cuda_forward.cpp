@@ -307,19 +307,16 @@ void Impl::embed_rows(const int32_t* tokens, int64_t n) {
   embed_kernel(n);
 }
 
-// The uploads run before a step's graph capture begins (pageable sources cannot be captured).
+// The upload runs before a step's graph capture begins (pageable sources cannot be captured).
 void Impl::upload_embed_inputs(const int32_t* tokens, int64_t n) {
-  const int64_t hc = cfg.hc_mult;
   gpu::check_cuda(cudaMemcpyAsync(sc.tokens, tokens, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream),
                   "tokens upload");
-  std::vector<float> pre(static_cast<size_t>(n * hc), 0.0f);
-  for (int64_t t = 0; t < n; ++t) pre[t * hc] = 1.0f;
-  gpu::check_cuda(cudaMemcpyAsync(sc.pre, pre.data(), pre.size() * 4, cudaMemcpyHostToDevice, stream), "pre upload");
 }
 
+// The streams from the tokens' embedding rows, and sc.pre = (1, 0, ..) per token.
 void Impl::embed_kernel(int64_t n) {
   const ModelConfig& c = cfg;
-  gpu::EmbedArgs ea{embed.as<uint16_t>(), c.vocab_size, c.hidden_size, c.hc_mult, sc.tokens, n, sc.h};
+  gpu::EmbedArgs ea{embed.as<uint16_t>(), c.vocab_size, c.hidden_size, c.hc_mult, sc.tokens, n, sc.h, sc.pre};
   gpu::embed(ea, stream);
 }
 

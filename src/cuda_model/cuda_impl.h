@@ -432,8 +432,8 @@ struct Impl {
   EngramPass engram_prepare(int64_t n, const std::function<void(int64_t, int64_t*)>& hist);
   void engram_push_history(CudaSeqState& st, const int32_t* tokens, int64_t n) const;
   void embed_rows(const int32_t* tokens, int64_t n);  // sc.h streams, sc.pre one-hot
-  void upload_embed_inputs(const int32_t* tokens, int64_t n);  // the uploads of embed_rows
-  void embed_kernel(int64_t n);                                // the rest of embed_rows
+  void upload_embed_inputs(const int32_t* tokens, int64_t n);  // the tokens' upload of embed_rows
+  void embed_kernel(int64_t n);                                // the rest of embed_rows (streams, sc.pre)
   // Stages every Engram layer's table rows of a pass of n rows (host copy, one upload into
   // sc.engram_raw) before its first kernel, so no Engram layer waits on the host mid-pass.
   void engram_stage(const EngramPass& e, int64_t n);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "dsv41/common/error.h"
 
@@ -18,16 +19,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The submitting thread wakes one worker for a whole batch of tasks, and each worker that takes a
+// task while more are queued wakes the next: a wake-up is a futex system call (several µs), and a
+// decode step's prefetch (24 rows a token) is issued right before the step's first kernel, so one
+// wake per task there held the GPU idle ~0.1 ms a token at batch 1 and ~0.4 ms at batch 4 (H200).
 class IoPool {
  public:
   explicit IoPool(int n) {
     for (int i = 0; i < std::max(1, n); ++i) threads_.emplace_back([this] { loop(); });
   }
   ~IoPool() { stop(); }
-  void submit(std::function<void()> f) {
+  void submit_all(std::vector<std::function<void()>> fs) {
+    if (fs.empty()) return;
     {
       std::lock_guard lk(mu_);
-      q_.push_back(std::move(f));
+      for (auto& f : fs) q_.push_back(std::move(f));
     }
     cv_.notify_one();
   }
@@ -45,13 +51,16 @@ class IoPool {
   void loop() {
     for (;;) {
       std::function<void()> f;
+      bool more = false;
       {
         std::unique_lock lk(mu_);
         cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
         if (q_.empty()) return;
         f = std::move(q_.front());
         q_.pop_front();
+        more = !q_.empty();
       }
+      if (more) cv_.notify_one();  // the chain: the next worker takes the next task
       f();
     }
   }
@@ -265,11 +274,14 @@ std::shared_ptr<EngramFetch> EngramStore::prefetch(int64_t layer, std::span<cons
     const size_t chunk = std::clamp<size_t>(n / (static_cast<size_t>(I.io_threads) * 4), 1, 16);
     const size_t tasks = (n + chunk - 1) / chunk;
     s->pending = tasks;
+    std::vector<std::function<void()>> fs;
+    fs.reserve(tasks);
     for (size_t t = 0; t < tasks; ++t) {
       const size_t b = t * chunk, e = std::min(n, b + chunk);
       Impl* ip = impl_.get();
-      I.pool.submit([ip, s, misses, b, e] { ip->run_task(s, misses, b, e); });
+      fs.emplace_back([ip, s, misses, b, e] { ip->run_task(s, misses, b, e); });
     }
+    I.pool.submit_all(std::move(fs));
   }
   return std::make_shared<EngramFetch>(s);
 }

@@ -211,7 +211,9 @@ TEST(GpuOps, EmbedAndArgmax) {
         for (int64_t d = 0; d < dim; ++d)
           want[(t * hc + j) * dim + d] = tokens[t] >= 0 && tokens[t] < rows_held ? table[tokens[t] * dim + d] : NAN;
     DeviceBuffer dtable = DeviceBuffer::from(to_bf16_bits(table)), dtok = DeviceBuffer::from(tokens);
-    Guarded dout(want.size() * 4, 0x00);
+    Guarded dout(want.size() * 4, 0x00), dpre(tokens.size() * static_cast<size_t>(hc) * 4, 0x7F);
+    std::vector<float> want_pre(tokens.size() * static_cast<size_t>(hc), 0.0f);
+    for (size_t t = 0; t < tokens.size(); ++t) want_pre[t * static_cast<size_t>(hc)] = 1.0f;
     gpu::EmbedArgs ea;
     ea.table = dtable.as<uint16_t>();
     ea.vocab = rows_held;
@@ -220,10 +222,13 @@ TEST(GpuOps, EmbedAndArgmax) {
     ea.tokens = dtok.as<int32_t>();
     ea.n = static_cast<int64_t>(tokens.size());
     ea.out = dout.as<float>();
+    ea.pre_out = dpre.as<float>();
     gpu::embed(ea, nullptr);
     sync_ok();
     expect_close(what + " embed", dout.host<float>(), want, 0.0);
     expect_guards(what, dout);
+    expect_close(what + " embed pre", dpre.host<float>(), want_pre, 0.0);
+    expect_guards(what + " pre", dpre);
 
     const int64_t rows = 4;
     std::vector<float> logits = rng.f32_vec(static_cast<size_t>(rows * vocab), 3.0f);

@@ -23,19 +23,33 @@ using Clock = std::chrono::steady_clock;
 // task while more are queued wakes the next: a wake-up is a futex system call (several µs), and a
 // decode step's prefetch (24 rows a token) is issued right before the step's first kernel, so one
 // wake per task there held the GPU idle ~0.1 ms a token at batch 1 and ~0.4 ms at batch 4 (H200).
+// A thread waiting for a fetch runs that fetch's still-queued tasks itself (try_run_one).
 class IoPool {
  public:
   explicit IoPool(int n) {
     for (int i = 0; i < std::max(1, n); ++i) threads_.emplace_back([this] { loop(); });
   }
   ~IoPool() { stop(); }
-  void submit_all(std::vector<std::function<void()>> fs) {
+  // Queues `fs`, tagged with `owner` (their fetch), behind everything queued before.
+  void submit_all(const void* owner, std::vector<std::function<void()>> fs) {
     if (fs.empty()) return;
     {
       std::lock_guard lk(mu_);
-      for (auto& f : fs) q_.push_back(std::move(f));
+      for (auto& f : fs) q_.push_back({owner, std::move(f)});
     }
     cv_.notify_one();
+  }
+  // Runs the next queued task on the calling thread if it belongs to `owner`; false otherwise.
+  bool try_run_one(const void* owner) {
+    std::function<void()> f;
+    {
+      std::lock_guard lk(mu_);
+      if (q_.empty() || q_.front().first != owner) return false;
+      f = std::move(q_.front().second);
+      q_.pop_front();
+    }
+    f();
+    return true;
   }
   void stop() {  // runs what is queued, then joins
     {
@@ -56,7 +70,7 @@ class IoPool {
         std::unique_lock lk(mu_);
         cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
         if (q_.empty()) return;
-        f = std::move(q_.front());
+        f = std::move(q_.front().second);
         q_.pop_front();
         more = !q_.empty();
       }
@@ -66,7 +80,7 @@ class IoPool {
   }
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> q_;
+  std::deque<std::pair<const void*, std::function<void()>>> q_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
@@ -129,6 +143,7 @@ struct EngramFetch::State {
   mutable std::condition_variable cv;
   size_t pending = 0;
   std::exception_ptr error;
+  IoPool* pool = nullptr;  // the store's: wait() runs this fetch's queued reads itself
 };
 
 struct EngramStore::Impl {
@@ -281,7 +296,8 @@ std::shared_ptr<EngramFetch> EngramStore::prefetch(int64_t layer, std::span<cons
       Impl* ip = impl_.get();
       fs.emplace_back([ip, s, misses, b, e] { ip->run_task(s, misses, b, e); });
     }
-    I.pool.submit_all(std::move(fs));
+    s->pool = &I.pool;
+    I.pool.submit_all(s.get(), std::move(fs));
   }
   return std::make_shared<EngramFetch>(s);
 }
@@ -331,6 +347,11 @@ bool EngramFetch::ready() const {
 }
 
 void EngramFetch::wait() const {
+  // Reads of this fetch still queued run here rather than wait for a worker to wake (each wake-up
+  // takes several µs); the queue is in order, so they are at its front once earlier work is taken.
+  if (s_->pool)
+    while (s_->pool->try_run_one(s_.get())) {
+    }
   std::unique_lock lk(s_->mu);
   s_->cv.wait(lk, [&] { return s_->pending == 0; });
   if (s_->error) std::rethrow_exception(s_->error);

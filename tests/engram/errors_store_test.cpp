@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
+#include <future>
 #include <random>
 
 #include "dsv41/engram/pack.h"
@@ -178,6 +180,54 @@ TEST_F(EngramErrorsAndStore, StoreDeduplicatesCachesAndCounts) {
   EXPECT_HAS(text, fmt::format("dsv41_engram_cache_hits_total {}\n", distinct));
   EXPECT_HAS(text, fmt::format("dsv41_engram_read_latency_seconds_count {}\n", distinct));
   EXPECT_HAS(text, "dsv41_engram_rows_per_second");
+}
+
+// A source over the real shards whose reads of one row block until the test opens a gate, and
+// which says when a read of that row has begun.
+struct GatedSource : EngramRowSource {
+  std::unique_ptr<EngramRowSource> inner;
+  int64_t gated_row;
+  std::promise<void> started, gate;
+  std::shared_future<void> open{gate.get_future().share()};
+  GatedSource(std::unique_ptr<EngramRowSource> s, int64_t row) : inner(std::move(s)), gated_row(row) {}
+  const EngramGeometry& geometry() const override { return inner->geometry(); }
+  bool covers(int64_t layer, int64_t row) const override { return inner->covers(layer, row); }
+  void read_rows(int64_t layer, std::span<const int64_t> ids, uint8_t* out) const override {
+    for (int64_t id : ids)
+      if (id == gated_row) {
+        const_cast<std::promise<void>&>(started).set_value();
+        open.wait();
+      }
+    inner->read_rows(layer, ids, out);
+  }
+  std::string describe() const override { return "gated " + inner->describe(); }
+};
+
+// The waiting thread reads its fetch's queued rows itself: with the only I/O worker blocked inside
+// another fetch's read, a second fetch still completes (it would wait forever on the worker).
+TEST_F(EngramErrorsAndStore, WaitingThreadReadsItsQueuedRows) {
+  auto ck = Checkpoint::open(test::fixture_model("tiny-s0"));
+  auto src = std::make_shared<GatedSource>(open_safetensors_dir_source(m.engram_dir, m.geo), 0);
+  EngramStore store(src, {.io_threads = 1});
+  const std::vector<int64_t> first = {0}, second = {5, 3, 9, 3};
+  auto f1 = store.prefetch(0, first);
+  src->started.get_future().wait();  // the worker is inside row 0's read
+  auto f2 = store.prefetch(0, second);
+  std::vector<uint8_t> got(second.size() * static_cast<size_t>(m.geo.row_bytes));
+  auto waiting = std::async(std::launch::async, [&] { f2->copy_rows(second, got.data()); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "the second fetch waited for the blocked worker";
+  EXPECT_FALSE(f1->ready());
+  src->gate.set_value();  // (also ends a wait that did not read its own rows)
+  waiting.get();
+  for (size_t i = 0; i < second.size(); ++i) {
+    const auto want = test::original_row(*ck, m.geo, 0, second[i]);
+    EXPECT_EQ(0, std::memcmp(want.data(), &got[i * static_cast<size_t>(m.geo.row_bytes)], want.size())) << i;
+  }
+  std::vector<uint8_t> row0(static_cast<size_t>(m.geo.row_bytes));
+  f1->copy_rows(first, row0.data());
+  const auto want0 = test::original_row(*ck, m.geo, 0, 0);
+  EXPECT_EQ(0, std::memcmp(want0.data(), row0.data(), want0.size()));
 }
 
 TEST_F(EngramErrorsAndStore, BoundedCacheEvictsAndStaysCorrect) {

@@ -93,13 +93,14 @@ struct Backend {
   }
 };
 
-Backend load_backend(const BenchCommon& o, int64_t max_context, int64_t chunk) {
+Backend load_backend(const BenchCommon& o, int64_t max_context, int64_t chunk, bool dspark) {
   Backend b;
   DSV_CHECK(o.device == "cuda" || o.device == "cpu", "--device {}: expected cpu or cuda", o.device);
   if (o.device == "cuda") {
     model::CudaModelOptions co;
     co.engram_token_map = o.engram_token_map;
     co.max_context = max_context;
+    co.dspark = dspark;
     if (chunk > 0) co.max_chunk_tokens = chunk;
     b.cuda = model::CudaModel::load(o.model_dir, co);
 #if DSV41_HAS_CUDA
@@ -272,7 +273,7 @@ DecodeReport run_decode_bench(const DecodeOptions& o) {
   // timed layer by layer, profiled.
   const int64_t room = max_ctx + std::max(o.warmup + 4 * o.steps + profiled + 2, spec_room);
 
-  Backend be = load_backend(o.common, room, 0);
+  Backend be = load_backend(o.common, room, 0, o.common.dspark || o.spec_tokens > 0);
   const ModelConfig& cfg = be.config();
   check_context(cfg, room, "bench decode: --context + --warmup + steps");
   auto ckpt = Checkpoint::open(o.common.model_dir);
@@ -424,7 +425,7 @@ PrefillReport run_prefill_bench(const PrefillOptions& o) {
   DSV_CHECK(!o.tokens.empty(), "bench prefill: --tokens needs values");
   DSV_CHECK(o.chunk >= 0, "--chunk must not be negative, got {}", o.chunk);
   const int64_t max_n = *std::max_element(o.tokens.begin(), o.tokens.end());
-  Backend be = load_backend(o.common, max_n, o.chunk);
+  Backend be = load_backend(o.common, max_n, o.chunk, o.common.dspark);
   const ModelConfig& cfg = be.config();
   check_context(cfg, max_n, "bench prefill: --tokens");
 

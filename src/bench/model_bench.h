@@ -27,6 +27,9 @@ struct BenchCommon {
   double bf16_peak = 989e12;        // FLOP/s, H200 dense bf16 tensor peak (spec sheet)
   TpLink tp;                        // two-node projection: per-node bandwidth, link, latency
   bool profile = true;              // CUPTI launch counts / kernel times (CUDA only)
+  // Load the DSpark stages (CUDA): every pass then also feeds their taps and rings, as a server
+  // with --spec-method dspark does; decode's --spec-tokens loads them anyway.
+  bool dspark = false;
   uint64_t seed = 1;
 };
 

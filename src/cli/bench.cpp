@@ -52,6 +52,9 @@ void add_common(CLI::App* app, BenchArgs& a) {
                   "TP2 projection: fixed cost of one all-reduce in microseconds (assumed, not measured)")
       ->capture_default_str();
   app->add_flag("--no-profile", a.no_profile, "Skip the CUPTI pass (launch counts, kernel times)");
+  app->add_flag("--dspark", a.common.dspark,
+                "Load the DSpark stages: every pass also feeds their taps and rings, as with --spec-method dspark "
+                "(--spec-tokens loads them anyway)");
   app->add_option("--seed", a.common.seed, "Seed of the random tokens and state contents")->capture_default_str();
 }
 

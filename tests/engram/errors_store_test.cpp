@@ -187,7 +187,8 @@ TEST_F(EngramErrorsAndStore, StoreDeduplicatesCachesAndCounts) {
 struct GatedSource : EngramRowSource {
   std::unique_ptr<EngramRowSource> inner;
   int64_t gated_row;
-  std::promise<void> started, gate;
+  mutable std::promise<void> started;  // set by the first read of gated_row (the test reads it once)
+  std::promise<void> gate;
   std::shared_future<void> open{gate.get_future().share()};
   GatedSource(std::unique_ptr<EngramRowSource> s, int64_t row) : inner(std::move(s)), gated_row(row) {}
   const EngramGeometry& geometry() const override { return inner->geometry(); }
@@ -195,7 +196,7 @@ struct GatedSource : EngramRowSource {
   void read_rows(int64_t layer, std::span<const int64_t> ids, uint8_t* out) const override {
     for (int64_t id : ids)
       if (id == gated_row) {
-        const_cast<std::promise<void>&>(started).set_value();
+        started.set_value();
         open.wait();
       }
     inner->read_rows(layer, ids, out);

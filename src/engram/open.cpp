@@ -30,8 +30,10 @@ std::shared_ptr<EngramStore> open_engram_store(const ModelConfig& cfg, const Che
            ckpt->dir(), w);
     src = open_checkpoint_source(*ckpt, g);
   }
-  spdlog::info("engram: rows from {}; cache {:.2f} GiB; {} I/O threads", src->describe(), o.cache_gib, o.io_threads);
-  return std::make_shared<EngramStore>(src, EngramStoreOptions{.cache_gib = o.cache_gib, .io_threads = o.io_threads});
+  auto store = std::make_shared<EngramStore>(src, EngramStoreOptions{.cache_gib = o.cache_gib, .io_threads = o.io_threads});
+  spdlog::info("engram: rows from {}; cache {:.2f} GiB; {} I/O threads", src->describe(), o.cache_gib,
+               store->io_threads());
+  return store;
 }
 
 }  // namespace dsv41::engram

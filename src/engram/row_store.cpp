@@ -146,6 +146,14 @@ struct EngramFetch::State {
   IoPool* pool = nullptr;  // the store's: wait() runs this fetch's queued reads itself
 };
 
+namespace {
+// The store's reader threads: the configured queue depth, capped by what the source can use.
+int reader_threads(const EngramRowSource& src, int configured) {
+  const int n = std::max(1, configured), cap = src.max_useful_readers();
+  return cap > 0 ? std::min(n, cap) : n;
+}
+}  // namespace
+
 struct EngramStore::Impl {
   const EngramRowSource* source = nullptr;
   EngramGeometry g;
@@ -164,7 +172,7 @@ struct EngramStore::Impl {
   Impl(const EngramRowSource* src, const EngramStoreOptions& o)
       : source(src),
         g(src->geometry()),
-        io_threads(std::max(1, o.io_threads)),
+        io_threads(reader_threads(*src, o.io_threads)),
         cache(static_cast<uint64_t>(std::max(0.0, o.cache_gib) * 1073741824.0) /
                   static_cast<uint64_t>(std::max<int64_t>(1, src->geometry().row_bytes)),
               static_cast<size_t>(src->geometry().row_bytes)),
@@ -245,6 +253,7 @@ EngramStore::~EngramStore() {
 }
 
 const EngramGeometry& EngramStore::geometry() const { return impl_->g; }
+int EngramStore::io_threads() const { return impl_->io_threads; }
 
 std::shared_ptr<EngramFetch> EngramStore::prefetch(int64_t layer, std::span<const int64_t> ids) {
   Impl& I = *impl_;

@@ -231,6 +231,52 @@ TEST_F(EngramErrorsAndStore, WaitingThreadReadsItsQueuedRows) {
   EXPECT_EQ(0, std::memcmp(want0.data(), row0.data(), want0.size()));
 }
 
+// A source that says how many concurrent reads it can use.
+struct CappedSource : EngramRowSource {
+  std::unique_ptr<EngramRowSource> inner;
+  int cap;
+  CappedSource(std::unique_ptr<EngramRowSource> s, int c) : inner(std::move(s)), cap(c) {}
+  const EngramGeometry& geometry() const override { return inner->geometry(); }
+  bool covers(int64_t layer, int64_t row) const override { return inner->covers(layer, row); }
+  void read_rows(int64_t layer, std::span<const int64_t> ids, uint8_t* out) const override {
+    inner->read_rows(layer, ids, out);
+  }
+  std::string describe() const override { return "capped " + inner->describe(); }
+  int max_useful_readers() const override { return cap; }
+};
+
+// The store runs the smaller of its configured readers and the source's cap (0: none); the
+// memory-mapped checkpoint source is capped (its reads are copies, not I/O), the positioned-read
+// sources are not. Rows read through a capped store are still every requested row.
+TEST_F(EngramErrorsAndStore, ReaderThreadsFollowTheSourcesCap) {
+  auto ck = Checkpoint::open(test::fixture_model("tiny-s0"));
+  EXPECT_EQ(EngramStore(std::make_shared<CappedSource>(open_safetensors_dir_source(m.engram_dir, m.geo), 3),
+                        {.io_threads = 64})
+                .io_threads(),
+            3);
+  EXPECT_EQ(EngramStore(std::make_shared<CappedSource>(open_safetensors_dir_source(m.engram_dir, m.geo), 3),
+                        {.io_threads = 2})
+                .io_threads(),
+            2);
+  EXPECT_EQ(EngramStore(std::make_shared<CappedSource>(open_safetensors_dir_source(m.engram_dir, m.geo), 0),
+                        {.io_threads = 64})
+                .io_threads(),
+            64);
+  EXPECT_EQ(EngramStore(open_safetensors_dir_source(m.engram_dir, m.geo), {.io_threads = 64}).io_threads(), 64);
+  const std::shared_ptr<const EngramRowSource> mapped = open_checkpoint_source(*ck, m.geo);
+  EXPECT_GT(mapped->max_useful_readers(), 0);
+  EngramStore store(mapped, {.io_threads = 64});
+  EXPECT_EQ(store.io_threads(), mapped->max_useful_readers());
+  std::vector<int64_t> ids;
+  for (int64_t r = 0; r < m.geo.rows[0]; r += 7) ids.push_back(r);
+  std::vector<uint8_t> got(ids.size() * static_cast<size_t>(m.geo.row_bytes));
+  store.read_rows(0, ids, got.data());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto want = test::original_row(*ck, m.geo, 0, ids[i]);
+    ASSERT_EQ(0, std::memcmp(want.data(), &got[i * static_cast<size_t>(m.geo.row_bytes)], want.size())) << ids[i];
+  }
+}
+
 TEST_F(EngramErrorsAndStore, BoundedCacheEvictsAndStaysCorrect) {
   auto ck = Checkpoint::open(test::fixture_model("tiny-s0"));
   const double row_gib = static_cast<double>(m.geo.row_bytes) / 1073741824.0;

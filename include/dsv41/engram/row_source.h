@@ -39,6 +39,10 @@ class EngramRowSource {
   // I/O failure.
   virtual void read_rows(int64_t layer, std::span<const int64_t> ids, uint8_t* out) const = 0;
   virtual std::string describe() const = 0;
+  // Concurrent reads beyond which this source gets no faster; 0: no such limit (reads that wait on
+  // storage, where the store's io_threads is the queue depth). EngramStore runs the smaller of the
+  // two.
+  virtual int max_useful_readers() const { return 0; }
 };
 
 struct EngramIoOptions {

@@ -59,6 +59,8 @@ class EngramStore {
 
   const EngramGeometry& geometry() const;
   const EngramRowSource& source() const { return *source_; }
+  // Reader threads: EngramStoreOptions::io_threads, capped by the source's max_useful_readers().
+  int io_threads() const;
 
   // Starts reading the distinct rows among `ids` of Engram layer `layer` (position in
   // engram_layer_ids). Returns at once; out-of-range ids throw here.

@@ -73,7 +73,7 @@ class CheckpointSource final : public EngramRowSource {
   // threads woken in a chain on a 16-core host cost more than they bring. Measured on the H200's
   // host (3-layer model, 24 rows a token; bench/RESULTS.md): batch-4 decode steps 2.83-2.90 ms with
   // 64 readers, 2.72-2.76 with 16, 2.67-2.76 with 8, 2.63-2.77 with 4; 8k-token prefill
-  // 29.8-30.3k tokens/s with 64 and with 8, 29.3-29.8k with 4.
+  // 29.8-30.7k tokens/s with 64 and with 8, 29.3-29.8k with 4.
   int max_useful_readers() const override { return kMappedReaders; }
   static constexpr int kMappedReaders = 8;
 

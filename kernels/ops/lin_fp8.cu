@@ -43,6 +43,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "ops/lin8_tc_gemv.h"
 #include "ops/lin_decode.h"
 #include "ops/e4m3_decode.cuh"
 #include "ops/lin_gemm.h"
@@ -703,6 +704,13 @@ namespace raw {
 cudaError_t lin8_group(const Lin8GroupArgs& g, cudaStream_t s) {
   const Lin8Args& a = g.lin[0];
   if (g.count <= 0 || a.m == 0) return cudaSuccess;
+  if (lin8_tc_gemv_takes(g)) return lin8_tc_gemv(g, s);  // decode passes (kernels/ops/lin8_tc_gemv.cu)
+  if (a.row_invariant && !a.exact_block_sums) {
+    // a shape the decode kernel does not take: the sequential sums (row-invariant too)
+    Lin8GroupArgs e = g;
+    for (int p = 0; p < e.count; ++p) e.lin[p].exact_block_sums = true;
+    return lin8_group(e, s);
+  }
   if (lin8_gemm_takes(g)) return lin8_gemm(g, s);  // passes of many rows (kernels/ops/lin_gemm.cu)
   BlockScaledArgs b;
   fill_lin8_parts(b, g, kMaxParts);

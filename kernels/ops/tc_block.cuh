@@ -21,8 +21,8 @@
 // tig = lane % 4) supplies K 8tig .. 8tig+7 of its rows g and g+8 (A) and of its column g (B); step 0
 // takes K 8tig .. 8tig+3 (slots 2tig, 2tig+1 <- K 8tig, 8tig+1; slots 2tig+8, 2tig+9 <- K 8tig+2,
 // 8tig+3), step 1 the same with K + 4. A row's result therefore never depends on the tile or on the
-// other rows of the call (the callers keep decode steps on the sequential sums, so that a row's bits
-// do not depend on its batch either: CudaModelOptions::exact_block_sums).
+// other rows of the call (the callers keep decode steps on kernels whose rows do not depend on m
+// either: the sequential sums, or ops/lin8_tc_gemv.h when it is on).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

@@ -515,7 +515,7 @@ void Impl::attn_output(const GpuBlock& b, int64_t n) {
     wa.y_stride = G * R;
     wa.round_bf16 = true;
     // Prefill passes sum the bf16 wo_a on the tensor cores (docs/ARCHITECTURE.md, Numerics).
-    wa.tensor_core = !sequential_pass && !opts.exact_block_sums;
+    wa.tensor_core = !row_invariant_pass && !opts.exact_block_sums;
     gpu::lin_dense(wa, stream);
   }
   if (b.split) {

@@ -219,7 +219,7 @@ void stage_forward(Impl& m, size_t stage, std::span<CudaSeqState* const> seqs, c
   const GpuBlock& b = d.stages[stage];
   Scratch& sc = m.sc;
   const int64_t B = d.block, ns = static_cast<int64_t>(seqs.size()), n = ns * B;
-  m.sequential_pass = true;  // drafts keep the sequential block sums, as decode steps do
+  m.row_invariant_pass = true;  // drafts take the row-invariant kernels, as decode steps do
   const int64_t hc = c.hc_mult, dim = c.hidden_size, mixw = (2 + hc) * hc, H = c.num_attention_heads;
   const int64_t hd = c.head_dim, rd = c.qk_rope_head_dim, win = c.sliding_window;
   const float eps = static_cast<float>(c.rms_norm_eps);

@@ -87,7 +87,8 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
     a.y = y;
     a.y_stride = y_stride;
     a.round_bf16 = round;
-    a.exact_block_sums = opts.exact_block_sums || sequential_pass;
+    a.exact_block_sums = opts.exact_block_sums;
+    a.row_invariant = row_invariant_pass;
     a.rows16 = sc.rows16;
     a.rows16_bytes = sc.rows16_bytes;
     gpu::lin8(a, stream);
@@ -134,7 +135,8 @@ void Impl::linear_pair(const GpuLinear& l1, float* y1, int64_t y1_stride, const 
       a.y = ys[p];
       a.y_stride = strides[p];
       a.round_bf16 = round;
-      a.exact_block_sums = opts.exact_block_sums || sequential_pass;
+      a.exact_block_sums = opts.exact_block_sums;
+      a.row_invariant = row_invariant_pass;
       a.rows16 = sc.rows16;
       a.rows16_bytes = sc.rows16_bytes;
     }
@@ -183,7 +185,7 @@ void Impl::block_forward(const GpuBlock& b, const Pass& p, const std::function<v
   const ModelConfig& c = cfg;
   const int64_t n = p.n, hc = c.hc_mult, dim = c.hidden_size, mixw = (2 + hc) * hc;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  sequential_pass = p.decode;
+  row_invariant_pass = p.decode;
   auto mix = [&](const DeviceBuffer& fn, const DeviceBuffer& base, const DeviceBuffer& scale, float* out) {
     gpu::HcMixArgs a = gpu::hc_mix_args(c, sc.h, n, fn.as<float>(), base.as<float>(), scale.as<float>(), out);
     // The reference call these rows belong to decides the sigmoid path (block.cpp): a decode
@@ -343,7 +345,7 @@ void Impl::run_pass(CudaSeqState& st, const int32_t* tokens, const Pass& p, int6
                     float* logits_host, BlockDump* dump, int32_t* pick) {
   const ModelConfig& c = cfg;
   const int64_t n = p.n, dim = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
-  sequential_pass = p.decode;
+  row_invariant_pass = p.decode;
 
   // Host phases of a decode step or a prefill pass (DSV41_HOST_PHASES=1; cuda_host_phases.h).
   HostPhaseTimer* ph = host_phases.on() ? &host_phases : nullptr;

@@ -250,10 +250,13 @@ class StagedUploader;  // pinned-staging weight uploads (cuda_upload.h)
 struct Impl {
   ModelConfig cfg;
   CudaModelOptions opts;
-  // The running pass keeps every FP8 linear on the sequential block sums (decode steps, solo or
-  // batched, and DSpark drafts): a sequence's tokens then never depend on the batch it runs in,
-  // as with the grouped MoE (CudaModelOptions::exact_block_sums covers every pass).
-  bool sequential_pass = false;
+  // The running pass (decode steps, solo or batched, and DSpark drafts) gives every row bits that
+  // do not depend on the other rows: its FP8 linears take the sequential block sums, or the
+  // decode-size tensor-core kernel when it is on (Lin8Args::row_invariant, kernels/ops/
+  // lin8_tc_gemv.h), its routed experts the exact per-pair kernels and its dense calls the
+  // sequential ones, so a sequence's tokens never depend on the batch it runs in
+  // (CudaModelOptions::exact_block_sums puts every pass on the CPU's sequential sums).
+  bool row_invariant_pass = false;
   std::unique_ptr<Checkpoint> ckpt;
   DeviceBuffer embed;  // [vocab][dim] bf16
   DeviceBuffer head;   // [vocab][dim]

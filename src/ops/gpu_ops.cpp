@@ -141,8 +141,10 @@ void lin8_group(const Lin8GroupArgs& g, cudaStream_t s) {
     DSV_CHECK(l.w.in > 0 && l.w.in % 32 == 0 && l.w.out > 0, "lin8_group: linear {}: in={} (multiple of 32) out={}", p,
               l.w.in, l.w.out);
     DSV_CHECK(l.w.in == a.w.in && l.x_codes == a.x_codes && l.x_scales == a.x_scales && l.m == a.m &&
-                  l.round_bf16 == a.round_bf16 && l.exact_block_sums == a.exact_block_sums,
-              "lin8_group: linear {} must read the same input (in, codes, scales, m, rounding, block sums) as linear 0",
+                  l.round_bf16 == a.round_bf16 && l.exact_block_sums == a.exact_block_sums &&
+                  l.row_invariant == a.row_invariant,
+              "lin8_group: linear {} must read the same input (in, codes, scales, m, rounding, block sums, row invariance) as "
+              "linear 0",
               p);
     DSV_CHECK(l.m >= 0 && l.y_stride >= l.w.out, "lin8_group: linear {}: m={} y_stride={} out={}", p, l.m, l.y_stride,
               l.w.out);

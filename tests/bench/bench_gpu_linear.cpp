@@ -50,6 +50,7 @@
 #include "ops/dense_gemm.h"
 #include "ops/dense_stream.h"
 #include "ops/lin8_tc_gemm.h"
+#include "ops/lin8_tc_gemv.h"
 #include "ops/lin_gemm.h"
 
 namespace {
@@ -278,6 +279,13 @@ void bench_lin8(const std::string& name, int64_t in, int64_t out, const std::vec
     a.exact_block_sums = false;  // the default dispatch (tensor-core block sums where taken)
     const double us = time_calls(call, iters);
     report("lin8", name + " " + std::to_string(out) + "x" + std::to_string(in), m, us, lin8_bytes);
+    // a decode pass's call with the decode-size tensor-core kernel on (Lin8Args::row_invariant)
+    a.row_invariant = true;
+    const int was_on = gpu::raw::set_lin8_tc_gemv(1);
+    report("lin8", name + " " + std::to_string(out) + "x" + std::to_string(in) + " row-invariant", m,
+           time_calls(call, iters), lin8_bytes);
+    gpu::raw::set_lin8_tc_gemv(was_on);
+    a.row_invariant = false;
   }
 }
 
@@ -498,6 +506,11 @@ void bench_lin8_pair(const std::string& name, int64_t in, int64_t out1, int64_t 
     const std::string shape = name + " " + std::to_string(out1) + "+" + std::to_string(out2) + "x" + std::to_string(in);
     report("lin8x2", shape + " separate", m, time_calls(separate, iters), bytes);
     report("lin8x2", shape + " grouped", m, time_calls(grouped, iters), bytes);
+    for (int p = 0; p < 2; ++p) g.lin[p].row_invariant = true;  // a decode pass's call, kernel on
+    const int was_on = gpu::raw::set_lin8_tc_gemv(1);
+    report("lin8x2", shape + " grouped row-invariant", m, time_calls(grouped, iters), bytes);
+    gpu::raw::set_lin8_tc_gemv(was_on);
+    for (int p = 0; p < 2; ++p) g.lin[p].row_invariant = false;
   }
 }
 

@@ -19,6 +19,7 @@
 #include "dsv41/loader/safetensors.h"
 #include "gemm_dispatch.h"
 #include "harness.h"
+#include "lin8_weights.h"
 #include "linear_inputs.h"
 #include "model/linears.h"
 #include "ops/lin8_tc_gemm.h"
@@ -29,6 +30,7 @@ namespace dsv41::test {
 namespace {
 
 namespace gpu = ops::gpu;
+using Weight = Lin8Weight;
 constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
 
 // Sets the tensor-core GEMM's row threshold and tile while in scope.
@@ -45,37 +47,7 @@ std::vector<int> tc_tiles(int64_t in) {
   return tiles;
 }
 
-// One Lin8 weight: host codes and scales, device copies, and the CPU reference's linear over them.
-struct Weight {
-  int64_t in, out;
-  std::vector<uint8_t> codes, scales;
-  DeviceBuffer dcodes, dscales;
-  std::unique_ptr<TempCheckpoint> ck;
-  std::unique_ptr<Linear> lin;
-  Weight(int64_t in_, int64_t out_, std::vector<uint8_t> c, std::vector<uint8_t> s)
-      : in(in_), out(out_), codes(std::move(c)), scales(std::move(s)) {
-    SafetensorsWriter w;
-    w.add("w.weight", DType::F8_E4M3, {out, in}, codes);
-    w.add("w.scale", DType::F8_E8M0, {(out + 31) / 32, in / 32}, scales);
-    ck = std::make_unique<TempCheckpoint>(w);
-    lin = model::load_linear(*ck->ck, "w", in, out);
-    dcodes = DeviceBuffer::from(codes);
-    dscales = DeviceBuffer::from(scales);
-  }
-};
 
-// Inputs whose every block sum fits in 24 bits: weight codes of exponents 2^-2 .. 2^1 (multiples of
-// 2^-5 up to 3.75) or zero, activations of magnitude 1 .. 4 (ActQuant8 scales them to codes that
-// are multiples of 8 below 256). Each product is a multiple of 2^-2 below 2^10, so every partial sum
-// of a block, in any order, is exact in fp32: the tensor core's and the CPU's block sums agree.
-std::vector<uint8_t> few_exponent_codes(Rng& rng, size_t n) {
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) {
-    const uint32_t r = static_cast<uint32_t>(rng.g());
-    b = (r & 15) == 0 ? uint8_t{0} : static_cast<uint8_t>(((r >> 4) & 0x80) | ((5 + ((r >> 8) & 3)) << 3) | ((r >> 12) & 7));
-  }
-  return v;
-}
 std::vector<float> narrow_range_x(Rng& rng, size_t n) {
   std::vector<float> v(n);
   for (float& x : v) x = bf16_round((rng.g() & 1 ? -1.0f : 1.0f) * rng.uniform(1.0f, 4.0f));
@@ -91,46 +63,6 @@ std::vector<float> wide_row_inputs(Rng& rng, int64_t m, int64_t in) {
   return x;
 }
 
-std::unique_ptr<Weight> make_weight(Rng& rng, int64_t in, int64_t out, bool few_exponents) {
-  const size_t n = static_cast<size_t>(in * out);
-  return std::make_unique<Weight>(in, out, few_exponents ? few_exponent_codes(rng, n) : rng.e4m3_bytes(n),
-                                  rng.e8m0_bytes(static_cast<size_t>(((out + 31) / 32) * (in / 32))));
-}
-
-// The weights of one group call, one per output count in order, and the group's outputs per row.
-struct WeightGroup {
-  std::vector<std::unique_ptr<Weight>> owned;
-  std::vector<const Weight*> parts;  // what group_args and run take
-  int64_t sum_out = 0;
-};
-WeightGroup make_weight_group(Rng& rng, int64_t in, const std::vector<int64_t>& outs, bool few_exponents) {
-  WeightGroup g;
-  for (int64_t o : outs) {
-    g.owned.push_back(make_weight(rng, in, o, few_exponents));
-    g.parts.push_back(g.owned.back().get());
-    g.sum_out += o;
-  }
-  return g;
-}
-
-// The group's arguments over rows [r0, r0 + m) of the quantised input (outputs not set).
-gpu::Lin8GroupArgs group_args(const std::vector<const Weight*>& parts, const QuantAct& qa, int64_t r0, int64_t m,
-                              bool round_bf16, bool exact) {
-  const int64_t in = parts[0]->in, nb = in / 32;
-  gpu::Lin8GroupArgs g;
-  g.count = static_cast<int>(parts.size());
-  for (size_t p = 0; p < parts.size(); ++p) {
-    gpu::Lin8Args& a = g.lin[p];
-    a.w = {parts[p]->dcodes.as<uint8_t>(), parts[p]->dscales.as<uint8_t>(), in, parts[p]->out};
-    a.x_codes = qa.codes.as<uint8_t>() + r0 * in;
-    a.x_scales = qa.scales.as<float>() + r0 * nb;
-    a.m = m;
-    a.round_bf16 = round_bf16;
-    a.exact_block_sums = exact;
-  }
-  return g;
-}
-
 // Runs lin8_group (or one lin8 per part when solo) over rows [r0, r0 + m) of the quantised input;
 // returns each part's [m][out] outputs (written into guarded, strided buffers that are checked).
 // rows16: the scaled path's scratch (Lin8Args::rows16), or none.
@@ -138,7 +70,7 @@ gpu::Lin8GroupArgs group_args(const std::vector<const Weight*>& parts, const Qua
 std::vector<std::vector<float>> run(const std::string& what, const std::vector<const Weight*>& parts, const QuantAct& qa,
                                     int64_t r0, int64_t m, bool round_bf16, bool exact, bool solo = false,
                                     const DeviceBuffer* rows16 = nullptr, bool block_fold = true) {
-  gpu::Lin8GroupArgs g = group_args(parts, qa, r0, m, round_bf16, exact);
+  gpu::Lin8GroupArgs g = lin8_group_args(parts, qa, r0, m, round_bf16, exact);
   for (int p = 0; p < g.count; ++p) {
     g.lin[p].block_fold = block_fold;
     if (rows16) {
@@ -146,56 +78,11 @@ std::vector<std::vector<float>> run(const std::string& what, const std::vector<c
       g.lin[p].rows16_bytes = static_cast<int64_t>(rows16->bytes());
     }
   }
-  std::vector<std::unique_ptr<Guarded>> ys;
-  for (size_t p = 0; p < parts.size(); ++p) {
-    const int64_t stride = parts[p]->out + 1 + static_cast<int64_t>(p);  // gaps that must stay untouched
-    ys.push_back(std::make_unique<Guarded>(static_cast<size_t>(m * stride) * 4));
-    g.lin[p].y = ys[p]->as<float>();
-    g.lin[p].y_stride = stride;
-  }
-  if (solo)
-    for (int p = 0; p < g.count; ++p) gpu::lin8(g.lin[p], nullptr);
-  else gpu::lin8_group(g, nullptr);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-  std::vector<std::vector<float>> out;
-  for (size_t p = 0; p < parts.size(); ++p) {
-    out.push_back(strided_rows(what, *ys[p], m, g.lin[p].y_stride, parts[p]->out));
-    expect_guards(what, *ys[p]);
-  }
-  return out;
+  return run_lin8_group(what, g, parts, m, solo);
 }
 
-// Rows compared with the CPU: all when the product is small, else a spread over the row tiles.
-std::vector<int64_t> checked_rows(int64_t m, int64_t macs_per_row) {
-  std::vector<int64_t> r;
-  if (m * macs_per_row <= (int64_t{1} << 27)) {
-    for (int64_t i = 0; i < m; ++i) r.push_back(i);
-    return r;
-  }
-  for (int64_t i : {int64_t{0}, int64_t{7}, int64_t{63}, int64_t{64}, int64_t{130}, m / 2 + 3, m - 1})
-    if (i < m && (r.empty() || r.back() < i)) r.push_back(i);
-  return r;
-}
 
-// The CPU reference's outputs of `rows` of x.
-std::vector<float> cpu_rows(const Weight& w, const std::vector<float>& x, const std::vector<int64_t>& rows, bool round_bf16) {
-  std::vector<float> xs(rows.size() * w.in), y(rows.size() * w.out);
-  for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&x[rows[i] * w.in], w.in, &xs[i * w.in]);
-  if (round_bf16) model::linear_bf16(*w.lin, xs.data(), static_cast<int64_t>(rows.size()), y.data());
-  else w.lin->forward(xs.data(), static_cast<int64_t>(rows.size()), y.data());
-  return y;
-}
-std::vector<float> pick_rows(const std::vector<float>& y, int64_t out, const std::vector<int64_t>& rows) {
-  std::vector<float> v(rows.size() * out);
-  for (size_t i = 0; i < rows.size(); ++i) std::copy_n(&y[rows[i] * out], out, &v[i * out]);
-  return v;
-}
 
-std::string describe(const std::string& tag, int64_t in, const std::vector<int64_t>& outs, int64_t m) {
-  std::string s = tag + " in=" + std::to_string(in) + " outs=";
-  for (int64_t o : outs) s += std::to_string(o) + ",";
-  return s + " m=" + std::to_string(m);
-}
 
 // (1) block sums that fit in 24 bits: bit-identical to the CPU reference, every tile.
 void exact_case(const std::string& tag, int64_t in, const std::vector<int64_t>& outs, int64_t m, bool round_bf16) {
@@ -601,7 +488,7 @@ void sequential_case(const std::string& tag, int64_t in, const std::vector<int64
   };
   {
     SequentialGemmSettings gemv(kNever, 0);
-    EXPECT_FALSE(gpu::raw::lin8_gemm_takes(group_args(parts, qa, 0, m, round_bf16, true)));
+    EXPECT_FALSE(gpu::raw::lin8_gemm_takes(lin8_group_args(parts, qa, 0, m, round_bf16, true)));
     check("gemv");
   }
   {
@@ -611,7 +498,7 @@ void sequential_case(const std::string& tag, int64_t in, const std::vector<int64
   for (int tile = 1; tile <= 5; ++tile) {
     if (!gpu::raw::lin8_gemm_tile_fits(tile)) continue;  // refused: TilesBeyondTheDeviceAreRefused
     SequentialGemmSettings forced(1, tile);
-    EXPECT_TRUE(gpu::raw::lin8_gemm_takes(group_args(parts, qa, 0, m, round_bf16, true)));
+    EXPECT_TRUE(gpu::raw::lin8_gemm_takes(lin8_group_args(parts, qa, 0, m, round_bf16, true)));
     check("cuda-core gemm tile " + std::to_string(tile));
   }
 }
@@ -629,7 +516,7 @@ TEST(GpuLin8TcGemm, TilesBeyondTheDeviceAreRefused) {
   const std::vector<float> x = rng.bf16_vec(static_cast<size_t>(m * in));
   QuantAct qa(x, m, in);
   auto attempt = [&](const std::string& what, bool fits, auto&& call) {
-    gpu::Lin8GroupArgs g = group_args(wg.parts, qa, 0, m, false, false);
+    gpu::Lin8GroupArgs g = lin8_group_args(wg.parts, qa, 0, m, false, false);
     std::vector<std::unique_ptr<Guarded>> ys;
     for (size_t p = 0; p < wg.parts.size(); ++p) {
       ys.push_back(std::make_unique<Guarded>(static_cast<size_t>(m * outs[p]) * 4));
@@ -660,7 +547,7 @@ TEST(GpuLin8TcGemm, TilesBeyondTheDeviceAreRefused) {
     });
   }
   EXPECT_TRUE(gpu::raw::lin8_gemm_tile_fits(3)) << "the unsplit 128 x 128 CUDA-core tile (66 KB) fits every target";
-  EXPECT_TRUE(gpu::raw::lin8_tc_gemm_supported(group_args(wg.parts, qa, 0, m, false, false)));
+  EXPECT_TRUE(gpu::raw::lin8_tc_gemm_supported(lin8_group_args(wg.parts, qa, 0, m, false, false)));
   for (const int64_t k : {c.hidden_size, c.q_lora_rank, c.o_groups * c.o_lora_rank, c.moe_intermediate_size})
     EXPECT_TRUE(gpu::raw::lin8_tc_gemm_tile_fits(2, k)) << "the 64 x 64 tensor-core tile must fit for K = " << k;
 }

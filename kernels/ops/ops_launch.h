@@ -95,10 +95,10 @@ struct Lin8Args {
   // the same value unless the block's sum rounds in either order (kernels/ops/tc_block.cuh).
   bool exact_block_sums = false;
   // true: the call belongs to a pass whose rows must not depend on each other (decode steps, DSpark
-  // drafts: batching never changes a token). Such a call takes the sequential sums, or, without
-  // exact_block_sums and with the kernel turned on, the decode-size tensor-core kernel where it
+  // drafts: batching never changes a token). Such a call takes, without exact_block_sums and with
+  // the kernel on (the default), the decode-size tensor-core kernel where it
   // applies (kernels/ops/lin8_tc_gemv.h: every row's bits a function of the weights and the row
-  // alone, at any m); never the prefill GEMMs' tensor-core path.
+  // alone, at any m), else the sequential sums; never the prefill GEMMs' tensor-core path.
   bool row_invariant = false;
   // Optional scratch for the tensor-core GEMM's scaled path (lin8_rows16_bytes(m, in) bytes or more,
   // 16-byte aligned, apart from every other buffer; a group reads linear 0's): the input rows in f16

@@ -251,8 +251,8 @@ struct Impl {
   ModelConfig cfg;
   CudaModelOptions opts;
   // The running pass (decode steps, solo or batched, and DSpark drafts) gives every row bits that
-  // do not depend on the other rows: its FP8 linears take the sequential block sums, or the
-  // decode-size tensor-core kernel when it is on (Lin8Args::row_invariant, kernels/ops/
+  // do not depend on the other rows: its FP8 linears take the decode-size tensor-core kernel where
+  // it applies, else the sequential block sums (Lin8Args::row_invariant, kernels/ops/
   // lin8_tc_gemv.h), its routed experts the exact per-pair kernels and its dense calls the
   // sequential ones, so a sequence's tokens never depend on the batch it runs in
   // (CudaModelOptions::exact_block_sums puts every pass on the CPU's sequential sums).

@@ -23,7 +23,7 @@ namespace {
 
 namespace gpu = ops::gpu;
 
-// The kernel on for each test of this file (it is off by default), restored after.
+// The kernel on for each test of this file (whatever DSV41_LIN8_TC_GEMV says), restored after.
 class GpuLin8TcGemv : public ::testing::Test {
  protected:
   void SetUp() override { prev_ = gpu::raw::set_lin8_tc_gemv(1); }

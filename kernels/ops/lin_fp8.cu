@@ -43,7 +43,6 @@
 #include <atomic>
 #include <cstdlib>
 
-#include "ops/lin4_tc_gemv.h"
 #include "ops/lin8_tc_gemv.h"
 #include "ops/lin_decode.h"
 #include "ops/e4m3_decode.cuh"
@@ -727,7 +726,6 @@ cudaError_t lin8(const Lin8Args& a, cudaStream_t s) {
 cudaError_t lin4_group(const Lin4GroupArgs& g, cudaStream_t s) {
   const Lin4Args& a = g.lin[0];
   if (g.count <= 0 || a.rows == 0) return cudaSuccess;
-  if (lin4_tc_gemv_takes(g)) return lin4_tc_gemv(g, s);  // decode passes (kernels/ops/lin4_tc_gemv.cu)
   BlockScaledArgs b;
   b.n_parts = std::min(g.count, kMaxParts);
   for (int p = 0; p < b.n_parts; ++p) {

@@ -130,19 +130,11 @@ struct Lin4Args {
   float* y = nullptr;  // [rows][y_stride]
   int64_t y_stride = 0;
   bool round_bf16 = true;
-  // true: the call belongs to a pass whose pairs must not depend on each other (decode steps, DSpark
-  // drafts). Without exact_block_sums such a call takes the decode-size tensor-core kernel where it
-  // applies (kernels/ops/lin4_tc_gemv.h: block sums in the MMAs, a pair's bits a function of its
-  // token and expert alone); otherwise, and always when false, the sequential sums, bit-identical
-  // to the CPU.
-  bool row_invariant = false;
-  bool exact_block_sums = false;
 };
 // Up to kLinGroupMax Lin8s (Lin4 banks) that read the same input codes, in one launch: the warp
 // tiles are dealt over the linears' outputs as if they were concatenated, and every output equals
 // its separate lin8 / lin4 call bit for bit. lin[0..count) share w.in, x_codes, x_scales, m (rows),
-// round_bf16 (Lin8s also exact_block_sums); Lin4 banks also n_experts, expert_ids, x_row_div,
-// row_invariant and exact_block_sums.
+// round_bf16 (Lin8s also exact_block_sums); Lin4 banks also n_experts, expert_ids and x_row_div.
 constexpr int kLinGroupMax = 3;
 struct Lin8GroupArgs {
   Lin8Args lin[kLinGroupMax];

@@ -101,8 +101,6 @@ void Impl::linear(const GpuLinear& l, const float* x, int64_t x_stride, int64_t 
     a.y = y;
     a.y_stride = y_stride;
     a.round_bf16 = round;
-    a.row_invariant = row_invariant_pass;
-    a.exact_block_sums = opts.exact_block_sums;
     gpu::lin4(a, stream);
   }
 }
@@ -155,8 +153,6 @@ void Impl::linear_pair(const GpuLinear& l1, float* y1, int64_t y1_stride, const 
       a.y = ys[p];
       a.y_stride = strides[p];
       a.round_bf16 = round;
-      a.row_invariant = row_invariant_pass;
-      a.exact_block_sums = opts.exact_block_sums;
     }
     gpu::lin4_group(g, stream);
   }

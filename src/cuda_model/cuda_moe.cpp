@@ -44,8 +44,6 @@ bool Impl::moe(const GpuBlock& b, int64_t n, bool exact, const QuantizedInput& x
     a.y = y;
     a.y_stride = out;
     a.round_bf16 = true;
-    a.row_invariant = row_invariant_pass;  // decode steps and drafts: the decode-size tensor-core kernel
-    a.exact_block_sums = opts.exact_block_sums;
     return a;
   };
   auto bank = [&](const GpuExpertBank& w, const QuantizedInput& in, int64_t div, float* y, int64_t out) {

@@ -170,10 +170,9 @@ void lin4_group(const Lin4GroupArgs& g, cudaStream_t s) {
               "lin4_group: linear {}: in={} (multiple of 32) out={} experts={}", p, l.w.in, l.w.out, l.w.n_experts);
     DSV_CHECK(l.w.in == a.w.in && l.w.n_experts == a.w.n_experts && l.x_codes == a.x_codes &&
                   l.x_scales == a.x_scales && l.rows == a.rows && l.expert_ids == a.expert_ids &&
-                  l.x_row_div == a.x_row_div && l.round_bf16 == a.round_bf16 && l.row_invariant == a.row_invariant &&
-                  l.exact_block_sums == a.exact_block_sums,
+                  l.x_row_div == a.x_row_div && l.round_bf16 == a.round_bf16,
               "lin4_group: linear {} must read the same input (in, experts, codes, scales, rows, expert ids, row "
-              "divisor, rounding, summation flags) as linear 0",
+              "divisor, rounding) as linear 0",
               p);
     DSV_CHECK(l.rows >= 0 && l.x_row_div >= 1 && l.y_stride >= l.w.out, "lin4_group: linear {}: rows={} x_row_div={} y_stride={}",
               p, l.rows, l.x_row_div, l.y_stride);

@@ -11,7 +11,7 @@
 // take long). Exit code 1 when any comparison fails. Calls run back to back on one non-blocking
 // stream, as in the model, so programmatic dependent launch overlaps a call with the previous one.
 //
-// Usage: bench_gpu_linear [--quick | --pairs | --decode | --lin4 | --gemm [M,M,...]]   (--quick: m = 1 only, fewer iterations;
+// Usage: bench_gpu_linear [--quick | --pairs | --gemm [M,M,...]]   (--quick: m = 1 only, fewer iterations;
 // --gemm: the Lin8 shapes at prefill sizes, the GEMM (kernels/ops/lin_gemm.cu, each CTA tile and the
 // automatic choice, and the tensor-core GEMM of kernels/ops/lin8_tc_gemm.cu, each tile and the
 // default dispatch, on its codes path, its scaled path folding blocks ("/s": Lin8Args::rows16 with
@@ -19,7 +19,7 @@
 // engine calls it ("/wk": whole-K sums; checked against the sequential sums like the codes path))
 // vs the GEMV kernel, in µs and TFLOP/s;
 // --decode: the block-scaled linears at
-// m = 1, 2, 4; --lin4: only the FP4 expert banks at those sizes)
+// m = 1, 2, 4)
 // --dense [decode|sweep]: the dense linears at decode sizes (m = 1, 2, 4) on the streaming kernel
 // (kernels/ops/dense_stream.cu) and on the older kernels ("sweep": also forced stream plans), then
 // (without an argument) wo_a and the compressor's linears at 256 and 1024 rows on the older tiled
@@ -50,7 +50,6 @@
 #include "ops/dense_gemm.h"
 #include "ops/dense_stream.h"
 #include "ops/lin8_tc_gemm.h"
-#include "ops/lin4_tc_gemv.h"
 #include "ops/lin8_tc_gemv.h"
 #include "ops/lin_gemm.h"
 
@@ -621,14 +620,6 @@ void bench_lin4(const std::string& name, int64_t in, int64_t out, int64_t n_expe
     distinct /= iters;
     const double lin4_bytes = distinct * double(pbytes + sbytes) + double(x_rows * in) * 1.125 + double(rows * out) * 4;
     report("lin4", name + " " + std::to_string(out) + "x" + std::to_string(in), m, us, lin4_bytes);
-    // a decode pass's call with the decode-size tensor-core kernel on (Lin4Args::row_invariant;
-    // its outputs are checked by tests/gpu_ops/lin4_tc_gemv_test.cpp)
-    a.row_invariant = true;
-    const int was_on = gpu::raw::set_lin4_tc_gemv(1);
-    report("lin4", name + " " + std::to_string(out) + "x" + std::to_string(in) + " row-invariant", m,
-           time_calls(call, iters), lin4_bytes);
-    gpu::raw::set_lin4_tc_gemv(was_on);
-    a.row_invariant = false;
   }
 }
 
@@ -830,8 +821,6 @@ int main(int argc, char** argv) {
   const bool dense_only = argc > 1 && std::string(argv[1]) == "--dense";
   // --decode: the block-scaled linears at decode sizes (m = 1, 2, 4)
   const bool decode_only = argc > 1 && std::string(argv[1]) == "--decode";
-  // --lin4: only the FP4 expert banks at decode sizes
-  const bool lin4_only = argc > 1 && std::string(argv[1]) == "--lin4";
   try {
     const ModelConfig c = load_model_config(std::string(DSV41_SOURCE_DIR) + "/configs/deepseek-v4.1-flash.json");
     cudaDeviceProp prop{};
@@ -920,12 +909,6 @@ int main(int argc, char** argv) {
       bench_lin8_gemm("shared w2", inter, dim, mg, 10);
       bench_lin8_gemm("index wq_b", qlr, c.index_n_heads * c.index_head_dim, mg, 10);
       bench_lin8_gemm("engram wkv", c.n_engram_columns() * c.engram_head_dim, dim * (c.hc_mult + 1), mg, 10);
-      std::printf("comparisons failed: %d\n", g_failures);
-      return g_failures ? 1 : 0;
-    }
-    if (lin4_only) {
-      bench_lin4("gate/up", dim, inter, E, K, true, ms_decode, it);
-      bench_lin4("down", inter, dim, E, K, false, ms_decode, it);
       std::printf("comparisons failed: %d\n", g_failures);
       return g_failures ? 1 : 0;
     }

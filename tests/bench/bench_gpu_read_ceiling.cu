@@ -19,6 +19,7 @@
 // Usage: bench_gpu_read_ceiling
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -243,8 +244,8 @@ int main() {
     report("stream D=8", s, time_calls([&](int i) { launch_stream<8>(s, i, g_xor + i % kIters); }));
     if (s.rows > 100000) continue;  // the head: stream only
     const int W = launcher_w(s);
-    for (int w : {1, W}) {
-      if (w == 1 && W == 1) continue;
+    const std::vector<int> splits = W == 1 ? std::vector<int>{1} : std::vector<int>{1, W};
+    for (int w : splits) {
       ok = run_tile<1, 4>(s, w, want) && ok;
       ok = run_tile<1, 8>(s, w, want) && ok;
       ok = run_tile<2, 4>(s, w, want) && ok;

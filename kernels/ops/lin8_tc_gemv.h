@@ -39,9 +39,10 @@ constexpr int64_t kLin8GemvChunk = 256;
 // shared w2 15.7 -> 11.3). The choice depends on the shape alone, never on m.
 constexpr int64_t kLin8GemvMinK = 2048;
 
-// Whether lin8_group hands this call to lin8_tc_gemv: the kernel is on (default; DSV41_LIN8_TC_GEMV=0, read
-// at the first call, or set_lin8_tc_gemv), row_invariant set, exact_block_sums not, kLin8GemvMinK
-// <= K, K % 64 == 0 and at most 32 chunks, 16-byte aligned weight and activation codes.
+// Whether lin8_group hands this call to lin8_tc_gemv: the kernel is on (the default; off by
+// DSV41_LIN8_TC_GEMV=0, read at the first call, or by set_lin8_tc_gemv), row_invariant set,
+// exact_block_sums not, kLin8GemvMinK <= K, K % 64 == 0 and at most 32 chunks, 16-byte aligned
+// weight and activation codes.
 bool lin8_tc_gemv_takes(const Lin8GroupArgs& g);
 // Turns the kernel on (1) or off (0) for the process (tests, benchmarks); returns the previous
 // setting. Off, row-invariant calls take the sequential sums.

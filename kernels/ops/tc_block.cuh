@@ -22,7 +22,7 @@
 // takes K 8tig .. 8tig+3 (slots 2tig, 2tig+1 <- K 8tig, 8tig+1; slots 2tig+8, 2tig+9 <- K 8tig+2,
 // 8tig+3), step 1 the same with K + 4. A row's result therefore never depends on the tile or on the
 // other rows of the call (the callers keep decode steps on kernels whose rows do not depend on m
-// either: the sequential sums, or ops/lin8_tc_gemv.h when it is on).
+// either: the sequential sums, or the row-only sums of ops/lin8_tc_gemv.h).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

@@ -11,6 +11,14 @@
 //   tile S/D/W   a warp owns 16 rows and reads S contiguous bytes of each per step, D steps in flight
 //                (S/64 16-byte pieces a lane for rows g and g + 8, lane g = lane / 4), the tile's
 //                K split over W warps segment by segment (warp w takes segments w, w + W, ...);
+//   rows B/ST/L    the dense tiled GEMV's pattern (kernels/ops/lin_dense.cu, the head): a CTA of 128
+//                threads owns 128 rows and stages B bytes of each per step in shared memory by
+//                cp.async, ST stages (ST - 1 in flight while one is consumed); L = row-major reads
+//                B bytes of 128 rows a step (the layout the head has), L = tiled the same bytes
+//                laid out so that a step's 128 x B bytes are contiguous;
+//   wring B/ST/V the same rows with one ring a warp: each warp owns 32 rows and stages B bytes of
+//                each per step through its own ST-stage ring (cp.async, waited by the warp alone,
+//                no CTA barrier), V warps a CTA;
 //   launch       an empty kernel, back to back (the per-call cost no read can avoid).
 // Every case rotates over regions of a 2 GiB buffer (> 10x the L2), so each call reads HBM. The
 // XOR of all words read is checked against the stream kernel's for the same region: a pattern that
@@ -115,6 +123,82 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const uint8_t* base, int
   xor_out(acc, out);
 }
 
+// The dense tiled GEMV's staging (see the header): region = [rows][k] bytes, rows % 128 == 0,
+// k % B == 0; Tiled reads it as [rows / 128][k / B][128][B].
+constexpr int kRowThreads = 128;
+template <int B, int ST, bool Tiled>
+__global__ void __launch_bounds__(kRowThreads) rows_kernel(const uint8_t* base, int64_t k, uint32_t* out) {
+  extern __shared__ __align__(16) uint8_t stage_buf[];
+  constexpr int kChunks = B / 16;
+  const int t = threadIdx.x;
+  const int64_t tile = blockIdx.x, steps = k / B;
+  auto issue = [&](int64_t q, int buf) {
+    for (int c = t; c < kRowThreads * kChunks; c += kRowThreads) {
+      const int row = c / kChunks, ch = c % kChunks;
+      const uint8_t* src = Tiled ? base + ((tile * steps + q) * kRowThreads + row) * B + ch * 16
+                                 : base + (tile * kRowThreads + row) * k + q * B + ch * 16;
+      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(stage_buf + (buf * kRowThreads + row) * B + ch * 16));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    }
+  };
+  uint32_t acc = 0;
+#pragma unroll
+  for (int q = 0; q < ST - 1; ++q) {
+    if (q < steps) issue(q, q);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  for (int64_t q = 0; q < steps; ++q) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));
+    __syncthreads();
+    const int64_t qn = q + ST - 1;
+    if (qn < steps) issue(qn, static_cast<int>(qn % ST));
+    asm volatile("cp.async.commit_group;\n" ::);
+    const uint4* row = reinterpret_cast<const uint4*>(stage_buf + (static_cast<int>(q % ST) * kRowThreads + t) * B);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) acc ^= fold(row[c]);
+  }
+  xor_out(acc, out);
+}
+
+// One ring a warp: warp w of CTA b owns rows [(b V + w) 32, + 32).
+template <int B, int ST, int V>
+__global__ void __launch_bounds__(V * 32) wring_kernel(const uint8_t* base, int64_t rows, int64_t k, uint32_t* out) {
+  extern __shared__ __align__(16) uint8_t ring_buf[];
+  constexpr int kChunks = B / 16;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * V + warp) * 32, steps = k / B;
+  uint8_t* ring = ring_buf + warp * ST * 32 * B;
+  uint32_t acc = 0;
+  if (row0 < rows) {
+    auto issue = [&](int64_t q) {
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        const int c = lane + 32 * i, row = c / kChunks, ch = c % kChunks;
+        const uint8_t* src = base + (row0 + row) * k + q * B + ch * 16;
+        const unsigned d =
+            static_cast<unsigned>(__cvta_generic_to_shared(ring + (static_cast<int>(q % ST) * 32 + row) * B + ch * 16));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+      }
+    };
+#pragma unroll
+    for (int q = 0; q < ST - 1; ++q) {
+      if (q < steps) issue(q);
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int64_t q = 0; q < steps; ++q) {
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));
+      __syncwarp();
+      const uint4* r = reinterpret_cast<const uint4*>(ring + (static_cast<int>(q % ST) * 32 + lane) * B);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) acc ^= fold(r[c]);
+      __syncwarp();
+      if (q + ST - 1 < steps) issue(q + ST - 1);
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+  }
+  xor_out(acc, out);
+}
+
 __global__ void empty_kernel() {}
 
 struct Shape {
@@ -202,6 +286,60 @@ bool run_tile(const Shape& s, int W, const std::vector<uint32_t>& want) {
 }
 
 // W for a shape as the decode kernels pick it: enough warps for about two waves of 16 an SM.
+template <int B, int ST, bool Tiled>
+bool run_rows(const Shape& s, const std::vector<uint32_t>& want) {
+  const size_t bytes = static_cast<size_t>(s.rows) * s.k;
+  if (s.k % B != 0 || s.rows % kRowThreads != 0) return true;
+  const size_t smem = size_t{ST} * kRowThreads * B;
+  check(cudaFuncSetAttribute(rows_kernel<B, ST, Tiled>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+        "rows kernel shared memory");
+  const unsigned ctas = static_cast<unsigned>(s.rows / kRowThreads);
+  auto call = [&](int i) {
+    const uint8_t* p = g_buf + (i % regions(bytes)) * region_stride(bytes);
+    rows_kernel<B, ST, Tiled><<<ctas, kRowThreads, smem>>>(p, s.k, g_xor + i % kIters);
+  };
+  check(cudaMemset(g_xor, 0, sizeof(uint32_t) * kIters), "xor clear");
+  for (int i = 0; i < static_cast<int>(want.size()); ++i) call(i);
+  check(cudaGetLastError(), "rows kernel");
+  const std::vector<uint32_t> got = read_xors(static_cast<int>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i]) {
+      std::fprintf(stderr, "rows B=%d ST=%d %s on %s: XOR of region %zu is %08x, the stream kernel's %08x\n", B, ST,
+                   Tiled ? "tiled" : "row-major", s.name, i, got[i], want[i]);
+      return false;
+    }
+  const double us = time_calls(call);
+  report(std::string("rows B=") + std::to_string(B) + " ST=" + std::to_string(ST) + (Tiled ? " tiled" : " row-major"), s, us);
+  return true;
+}
+
+template <int B, int ST, int V>
+bool run_wring(const Shape& s, const std::vector<uint32_t>& want) {
+  const size_t bytes = static_cast<size_t>(s.rows) * s.k;
+  if (s.k % B != 0 || s.rows % 32 != 0) return true;
+  const size_t smem = size_t{V} * ST * 32 * B;
+  check(cudaFuncSetAttribute(wring_kernel<B, ST, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+        "wring kernel shared memory");
+  const unsigned ctas = static_cast<unsigned>((s.rows / 32 + V - 1) / V);
+  auto call = [&](int i) {
+    const uint8_t* p = g_buf + (i % regions(bytes)) * region_stride(bytes);
+    wring_kernel<B, ST, V><<<ctas, V * 32, smem>>>(p, s.rows, s.k, g_xor + i % kIters);
+  };
+  check(cudaMemset(g_xor, 0, sizeof(uint32_t) * kIters), "xor clear");
+  for (int i = 0; i < static_cast<int>(want.size()); ++i) call(i);
+  check(cudaGetLastError(), "wring kernel");
+  const std::vector<uint32_t> got = read_xors(static_cast<int>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i]) {
+      std::fprintf(stderr, "wring B=%d ST=%d V=%d on %s: XOR of region %zu is %08x, the stream kernel's %08x\n", B, ST, V,
+                   s.name, i, got[i], want[i]);
+      return false;
+    }
+  const double us = time_calls(call);
+  report("wring B=" + std::to_string(B) + " ST=" + std::to_string(ST) + " V=" + std::to_string(V), s, us);
+  return true;
+}
+
 int launcher_w(const Shape& s) {
   const int64_t tiles = s.rows / 16, want = int64_t{g_sms} * 32;
   int W = 1;
@@ -231,7 +369,8 @@ int main() {
       {"wq_a 1280x5120", 1280, 5120},          {"shared w1 2304x5120", 2304, 5120},
       {"shared w2 5120x2304", 5120, 2304},     {"wq_b 32768x1280", 32768, 1280},
       {"wo_b 5120x8192", 5120, 8192},          {"fp4 gate/up 6x2x2304x2560", 6 * 2 * 2304, 2560},
-      {"fp4 down 6x5120x1152", 6 * 5120, 1152}, {"head bf16 129280x10240", 129280, 10240},
+      {"fp4 down 6x5120x1152", 6 * 5120, 1152}, {"wo_a bf16 8x1024x8192", 8 * 1024, 8192},
+      {"head bf16 129280x10240", 129280, 10240},
   };
   bool ok = true;
   for (const Shape& s : shapes) {
@@ -242,7 +381,28 @@ int main() {
     const std::vector<uint32_t> want = read_xors(n);
     report("stream D=4", s, time_calls([&](int i) { launch_stream<4>(s, i, g_xor + i % kIters); }));
     report("stream D=8", s, time_calls([&](int i) { launch_stream<8>(s, i, g_xor + i % kIters); }));
-    if (s.rows > 100000) continue;  // the head: stream only
+    if (s.rows % kRowThreads == 0 && s.k >= 4096) {  // the dense tiled GEMV's pattern (head, wo_b-wide rows)
+      ok = run_rows<128, 3, false>(s, want) && ok;
+      ok = run_rows<128, 3, true>(s, want) && ok;
+      ok = run_rows<128, 4, false>(s, want) && ok;
+      ok = run_rows<128, 6, false>(s, want) && ok;
+      ok = run_rows<64, 4, false>(s, want) && ok;
+      ok = run_rows<64, 6, false>(s, want) && ok;
+      ok = run_rows<64, 8, false>(s, want) && ok;
+      ok = run_rows<256, 3, false>(s, want) && ok;
+      ok = run_rows<256, 4, false>(s, want) && ok;
+      ok = run_wring<128, 3, 4>(s, want) && ok;
+      ok = run_wring<128, 4, 4>(s, want) && ok;
+      ok = run_wring<128, 6, 2>(s, want) && ok;
+      ok = run_wring<128, 8, 1>(s, want) && ok;
+      ok = run_wring<128, 4, 1>(s, want) && ok;
+      ok = run_wring<256, 3, 4>(s, want) && ok;
+      ok = run_wring<256, 4, 2>(s, want) && ok;
+      ok = run_wring<64, 8, 4>(s, want) && ok;
+      ok = run_wring<512, 2, 4>(s, want) && ok;
+      ok = run_wring<512, 3, 2>(s, want) && ok;
+    }
+    if (s.rows > 100000) continue;  // the head: stream and rows only
     const int W = launcher_w(s);
     const std::vector<int> splits = W == 1 ? std::vector<int>{1} : std::vector<int>{1, W};
     for (int w : splits) {

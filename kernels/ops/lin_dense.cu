@@ -19,19 +19,22 @@
 // per tile then; 8 rows, now chosen at m <= 2, ran 5.9 against 7.6 us with PDL at m = 1), the index
 // keys m = 2 / 4: 11.7 / 16.3 -> 8.2 / 11.9 us (m = 1 unchanged, ~5.5 us), weights_proj m = 1 / 2 /
 // 4: 10.4 / 14.2 / 23.8 -> 7.6 / 12.5 / 20.7 us. wo_a and the head stay on the tiled kernel below
-// (streamed they were slower).
+// (streamed they were slower). The head at decode sizes (m <= 4, enough rows that this kernel
+// would not split K) takes one cp.async ring a warp instead (dense_ring.cu, same arithmetic).
 //
 // Calls of many activation rows with enough output tiles (prefill: wo_a) take the register-tiled
 // GEMM in dense_gemm.cu instead (same arithmetic; raw::dense_gemm_takes decides).
 //
 // The warp and tiled kernels launch with programmatic dependent launch (ops/pdl.cuh) and wait for
-// the previous kernel before touching global memory.
+// the previous kernel before touching global memory, except for the tiled kernel's first weight
+// stages (weights are never written by kernels).
 #include <cuda_bf16.h>
 
 #include <atomic>
 
 #include "ops/cp_async.cuh"
 #include "ops/dense_gemm.h"
+#include "ops/dense_ring.h"
 #include "ops/dense_stream.h"
 #include "ops/ops_common.cuh"
 #include "ops/ops_launch.h"
@@ -158,7 +161,6 @@ struct TileShape {
 
 template <class W, int R, int S>
 __global__ void __launch_bounds__(kT) dense_tiled_kernel(DenseArgs a) {
-  dev::pdl_enter();
   using Sh = TileShape<W, R, S>;
   constexpr int kTO = Sh::kTO, kCols = Sh::kCols, kSub = Sh::kSub, kXPitch = Sh::kXPitch;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(kT) dense_tiled_kernel(DenseArgs a) {
     if (kb >= nb || k0 >= in) return 0;
     return static_cast<int>(in - k0 < kCols ? in - k0 : kCols);
   };
-  auto issue = [&](int64_t q, int buf) {
+  auto issue_w = [&](int64_t q, int buf) {
     constexpr int kChunks = kPieceBytes / 16, kElems = 16 / sizeof(W);
     for (int c = t; c < kT * kChunks; c += kT) {
       const int row = c / kChunks, ch = c % kChunks;
@@ -192,6 +194,8 @@ __global__ void __launch_bounds__(kT) dense_tiled_kernel(DenseArgs a) {
       if (orow < out && ch * kElems < n)
         cp_async16(wbuf + (buf * kT + row) * kPitch + ch * 16, wg + orow * in + k0 + ch * kElems);
     }
+  };
+  auto issue_x = [&](int64_t q, int buf) {
     constexpr int kXChunks = kCols / 4;
     for (int c = t; c < S * R * kXChunks; c += kT) {
       const int sl = c / (R * kXChunks), r = (c / kXChunks) % R, ch = c % kXChunks;
@@ -217,9 +221,17 @@ __global__ void __launch_bounds__(kT) dense_tiled_kernel(DenseArgs a) {
     }
   };
 
+  // The first stages' weights (no kernel writes them) are requested before the wait for the previous
+  // kernel, as one group; their activation pieces after it, one group a stage. Every later stage is
+  // one group, so stage q's copies are in group q + 1 and the wait below completes them.
+#pragma unroll
+  for (int q = 0; q < kStages - 1; ++q)
+    if (q < n_stages) issue_w(q, q);
+  cp_async_commit();
+  dev::pdl_enter();
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
-    if (q < n_stages) issue(q, q);
+    if (q < n_stages) issue_x(q, q);
     cp_async_commit();
   }
   for (int64_t q = 0; q < n_stages; ++q) {
@@ -228,7 +240,10 @@ __global__ void __launch_bounds__(kT) dense_tiled_kernel(DenseArgs a) {
     if (S > 1 && q % kSub == 0 && q > 0) fold_round(q / kSub - 1);
     {
       const int64_t qn = q + kStages - 1;
-      if (qn < n_stages) issue(qn, static_cast<int>(qn % kStages));
+      if (qn < n_stages) {
+        issue_w(qn, static_cast<int>(qn % kStages));
+        issue_x(qn, static_cast<int>(qn % kStages));
+      }
       cp_async_commit();
     }
     const int buf = static_cast<int>(q % kStages);
@@ -328,8 +343,10 @@ cudaError_t launch_dense(const DenseArgs& a, cudaStream_t st) {
   // tiled path: 16-byte aligned weight rows, x rows and group offsets
   const bool aligned = a.in % 8 == 0 && a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
-  // Decode sizes: the weight-streaming kernel (dense_stream.cu) where its plan fits.
+  // Decode sizes: the weight-streaming kernel (dense_stream.cu) where its plan fits; the head's
+  // many rows on one ring a warp (dense_ring.cu).
   if (raw::dense_stream_takes(a)) return raw::dense_stream(a, st);
+  if (raw::dense_ring_takes(a)) return raw::dense_ring(a, st);
   // Prefill passes' bf16 calls of many rows (wo_a) where the caller allows it: the tensor cores
   // (kernels/ops/dense_tc_gemm.cu; exact products, the tensor core's summation).
   if (raw::dense_tc_gemm_takes(a)) return raw::dense_tc_gemm(a, st);

@@ -16,6 +16,7 @@
 #include "harness.h"
 #include "linear_inputs.h"
 #include "model/linears.h"
+#include "ops/dense_ring.h"
 #include "ops/dense_stream.h"
 
 namespace dsv41::test {
@@ -212,6 +213,13 @@ struct DenseStreamMode {
   explicit DenseStreamMode(int mode) : prev(gpu::raw::set_dense_stream_mode(mode)) {}
   ~DenseStreamMode() { gpu::raw::set_dense_stream_mode(prev); }
 };
+// The same for the ring kernel (kernels/ops/dense_ring.h: 0 = automatic, 1 = off, 2 = every call
+// it can take).
+struct DenseRingMode {
+  int prev;
+  explicit DenseRingMode(int mode) : prev(gpu::raw::set_dense_ring_mode(mode)) {}
+  ~DenseRingMode() { gpu::raw::set_dense_ring_mode(prev); }
+};
 
 TEST(GpuLinearBandwidth, DenseTiledSplits) {
   using gpu::DenseType;
@@ -219,6 +227,7 @@ TEST(GpuLinearBandwidth, DenseTiledSplits) {
   // warp-per-row kernel takes up to 1024 output rows at m <= 4 and up to 64 at larger m, the tiled
   // kernel the rest.
   DenseStreamMode off(1);
+  DenseRingMode ring_off(1);
   for (int64_t m : {1, 2, 3, 4}) dense_case(DenseType::BF16, 5120, 1100, 1, m, 0, true);  // K split 8 / 8 / 4 / 4
   for (int64_t m : {1, 2, 3, 4, 5, 9, 17}) {
     dense_case(DenseType::BF16, 5120, 40, 1, m, 0, true);     // few rows
@@ -253,6 +262,52 @@ TEST(GpuLinearBandwidth, DenseFewRowsDecodeShapes) {
     dense_case(DenseType::F32, 5120, 1024, 1, 1, 0, true);     // rounded outputs
     dense_case(DenseType::BF16, 1024, 96, 8, 2, 0, true);      // groups
   }
+}
+
+// The ring kernel (one cp.async ring a warp, kernels/ops/dense_ring.cu) on every call it can take:
+// one to four rows (one, two and four chains a lane, three in the four-chain form), bf16 and fp16,
+// a last warp with a few rows and a CTA with idle warps, K in whole stages, with a partial last
+// stage (1032 = 16 stages + 8 columns, also a partial 256-block) and within one stage, groups,
+// strided activations and fp32 outputs; then the head-sized call it takes automatically.
+TEST(GpuLinearBandwidth, DenseRing) {
+  using gpu::DenseType;
+  {
+    DenseStreamMode off(1);
+    DenseRingMode forced(2);
+    for (int64_t m : {1, 2, 3, 4}) {
+      dense_case(DenseType::BF16, 5120, 300, 1, m, 0, false);   // 2 CTAs, the second with idle warps
+      dense_case(DenseType::BF16, 1032, 1100, 1, m, 4, true);   // partial stage and block, strided x
+      dense_case(DenseType::F16, 1032, 37, 1, m, 0, true);      // a full warp, one of 5 rows, two idle
+      dense_case(DenseType::BF16, 40, 96, 3, m, 8, false);      // K within one stage, groups
+    }
+    dense_case(DenseType::F16, 6144, 640, 1, 2, 0, true);
+  }
+  // Automatically: enough rows for two 128-row CTAs an SM, and not fp32 weights.
+  DenseRingMode automatic(0);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int64_t head_rows = 2 * 128 * static_cast<int64_t>(sms) + 33;
+  DeviceBuffer w(256), x(5 * 512 * 4), y(256);
+  gpu::DenseArgs a;
+  a.w = w.get();
+  a.in = 512;
+  a.out = head_rows;
+  a.x = x.as<float>();
+  a.x_stride = 512;
+  a.y = y.as<float>();
+  a.y_stride = head_rows;
+  for (int64_t m = 1; m <= 5; ++m) {
+    a.m = m;
+    a.wt = DenseType::BF16;
+    EXPECT_EQ(gpu::raw::dense_ring_takes(a), m <= 4) << "m=" << m;
+    a.wt = DenseType::F32;
+    EXPECT_FALSE(gpu::raw::dense_ring_takes(a)) << "fp32 m=" << m;
+  }
+  a.m = 1;
+  a.wt = DenseType::BF16;
+  a.out = head_rows / 2;
+  EXPECT_FALSE(gpu::raw::dense_ring_takes(a)) << "half the rows keep the tiled kernel's K split";
+  for (int64_t m : {1, 4}) dense_case(DenseType::BF16, 1032, head_rows, 1, m, 0, false);
 }
 
 }  // namespace

@@ -264,30 +264,41 @@ TEST(GpuLinearBandwidth, DenseFewRowsDecodeShapes) {
   }
 }
 
-// The ring kernel (one cp.async ring a warp, kernels/ops/dense_ring.cu) on every call it can take:
-// one to four rows (one, two and four chains a lane, three in the four-chain form), bf16 and fp16,
-// a last warp with a few rows and a CTA with idle warps, K in whole stages, with a partial last
-// stage (1032 = 16 stages + 8 columns, also a partial 256-block) and within one stage, groups,
-// strided activations and fp32 outputs; then the head-sized call it takes automatically.
+// The ring kernel (one cp.async ring a warp, kernels/ops/dense_ring.cu) on every call it can take,
+// at each K split (1, 2, 4 warps a tile): one to four rows (one, two and four chains a lane, three
+// in the four-chain form), bf16 and fp16, a last warp with a few rows and CTAs with idle warps, K in
+// whole stages, with a partial last stage (1032 = 16 stages + 8 columns, also a partial 256-block
+// and five blocks over four warps), within one stage (one block: split warps without blocks),
+// groups, strided activations and fp32 outputs; then the calls it takes automatically, at the
+// real head and wo_a shapes' splits.
 TEST(GpuLinearBandwidth, DenseRing) {
   using gpu::DenseType;
+  struct Split {
+    int prev;
+    explicit Split(int p) : prev(gpu::raw::set_dense_ring_split(p)) {}
+    ~Split() { gpu::raw::set_dense_ring_split(prev); }
+  };
   {
     DenseStreamMode off(1);
     DenseRingMode forced(2);
-    for (int64_t m : {1, 2, 3, 4}) {
-      dense_case(DenseType::BF16, 5120, 300, 1, m, 0, false);   // 2 CTAs, the second with idle warps
-      dense_case(DenseType::BF16, 1032, 1100, 1, m, 4, true);   // partial stage and block, strided x
-      dense_case(DenseType::F16, 1032, 37, 1, m, 0, true);      // a full warp, one of 5 rows, two idle
-      dense_case(DenseType::BF16, 40, 96, 3, m, 8, false);      // K within one stage, groups
+    for (int p : {1, 2, 4}) {
+      SCOPED_TRACE("split " + std::to_string(p));
+      Split split(p);
+      for (int64_t m : {1, 2, 3, 4}) {
+        dense_case(DenseType::BF16, 5120, 300, 1, m, 0, false);   // idle warps in the last CTA
+        dense_case(DenseType::BF16, 1032, 1100, 1, m, 4, true);   // partial stage and block, strided x
+        dense_case(DenseType::F16, 1032, 37, 1, m, 0, true);      // a full warp, one of 5 rows
+        dense_case(DenseType::BF16, 40, 96, 3, m, 8, false);      // K within one stage, groups
+      }
+      dense_case(DenseType::F16, 6144, 640, 1, 2, 0, true);
     }
-    dense_case(DenseType::F16, 6144, 640, 1, 2, 0, true);
   }
-  // Automatically: enough rows for two 128-row CTAs an SM, and not fp32 weights.
+  // Automatically: enough rows that tiles split K at most four ways give a CTA of warps an SM.
   DenseRingMode automatic(0);
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const int64_t head_rows = 2 * 128 * static_cast<int64_t>(sms) + 33;
-  DeviceBuffer w(256), x(5 * 512 * 4), y(256);
+  DeviceBuffer w(256), x(5 * 4096 * 4 * 8), y(256);
   gpu::DenseArgs a;
   a.w = w.get();
   a.in = 512;
@@ -305,9 +316,16 @@ TEST(GpuLinearBandwidth, DenseRing) {
   }
   a.m = 1;
   a.wt = DenseType::BF16;
-  a.out = head_rows / 2;
-  EXPECT_FALSE(gpu::raw::dense_ring_takes(a)) << "half the rows keep the tiled kernel's K split";
+  a.out = 1100;  // 35 tiles: four warps each leave most SMs without a CTA
+  EXPECT_FALSE(gpu::raw::dense_ring_takes(a)) << "few rows keep the tiled kernel's K split";
+  a.in = 4096;  // wo_a: 8 groups of 1,024 rows (a split of four)
+  a.out = 1024;
+  a.groups = 8;
+  a.x_stride = 8 * 4096;
+  a.y_stride = 8 * 1024;
+  EXPECT_TRUE(gpu::raw::dense_ring_takes(a)) << "wo_a";
   for (int64_t m : {1, 4}) dense_case(DenseType::BF16, 1032, head_rows, 1, m, 0, false);
+  for (int64_t m : {1, 2, 3, 4}) dense_case(DenseType::BF16, 4096, 1024, 8, m, 0, true);
 }
 
 }  // namespace

@@ -260,86 +260,64 @@ void launch_stream(const Shape& s, int i, uint32_t* out) {
   stream_kernel<D><<<ctas, kThreads>>>(reinterpret_cast<const uint4*>(p), bytes, span, out);
 }
 
+// Runs `call` once on each region of `want`, checks each call's XOR against the stream kernel's
+// (a pattern that skipped or repeated a piece fails), then times it and reports it as `label`.
+template <class F>
+bool check_then_time(const std::string& label, const Shape& s, const std::vector<uint32_t>& want, F call) {
+  check(cudaMemset(g_xor, 0, sizeof(uint32_t) * kIters), "xor clear");
+  for (int i = 0; i < static_cast<int>(want.size()); ++i) call(i);
+  check(cudaGetLastError(), label.c_str());
+  const std::vector<uint32_t> got = read_xors(static_cast<int>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i)
+    if (got[i] != want[i]) {
+      std::fprintf(stderr, "%s on %s: XOR of region %zu is %08x, the stream kernel's %08x\n", label.c_str(), s.name, i,
+                   got[i], want[i]);
+      return false;
+    }
+  report(label, s, time_calls(call));
+  return true;
+}
+
+// The cold region of call i.
+const uint8_t* region(const Shape& s, int i) {
+  const size_t bytes = static_cast<size_t>(s.rows) * s.k;
+  return g_buf + (i % regions(bytes)) * region_stride(bytes);
+}
+
 template <int P, int D>
 bool run_tile(const Shape& s, int W, const std::vector<uint32_t>& want) {
-  const size_t bytes = static_cast<size_t>(s.rows) * s.k;
   if (s.k % (64 * P) != 0 || s.rows % 16 != 0) return true;
   const int64_t tiles = s.rows / 16;
   const int per_cta = kWarps / W;
   const unsigned ctas = static_cast<unsigned>((tiles + per_cta - 1) / per_cta);
-  auto call = [&](int i) {
-    const uint8_t* p = g_buf + (i % regions(bytes)) * region_stride(bytes);
-    tile_kernel<P, D><<<ctas, kThreads>>>(p, s.rows, s.k, W, g_xor + i % kIters);
-  };
-  check(cudaMemset(g_xor, 0, sizeof(uint32_t) * kIters), "xor clear");
-  for (int i = 0; i < static_cast<int>(want.size()); ++i) call(i);
-  const std::vector<uint32_t> got = read_xors(static_cast<int>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i)
-    if (got[i] != want[i]) {
-      std::fprintf(stderr, "tile S=%d D=%d W=%d on %s: XOR of region %zu is %08x, the stream kernel's %08x\n", 64 * P,
-                   D, W, s.name, i, got[i], want[i]);
-      return false;
-    }
-  const double us = time_calls(call);
-  report("tile S=" + std::to_string(64 * P) + " D=" + std::to_string(D) + " W=" + std::to_string(W), s, us);
-  return true;
+  return check_then_time("tile S=" + std::to_string(64 * P) + " D=" + std::to_string(D) + " W=" + std::to_string(W), s,
+                         want, [&](int i) { tile_kernel<P, D><<<ctas, kThreads>>>(region(s, i), s.rows, s.k, W, g_xor + i % kIters); });
 }
 
-// W for a shape as the decode kernels pick it: enough warps for about two waves of 16 an SM.
 template <int B, int ST, bool Tiled>
 bool run_rows(const Shape& s, const std::vector<uint32_t>& want) {
-  const size_t bytes = static_cast<size_t>(s.rows) * s.k;
   if (s.k % B != 0 || s.rows % kRowThreads != 0) return true;
   const size_t smem = size_t{ST} * kRowThreads * B;
   check(cudaFuncSetAttribute(rows_kernel<B, ST, Tiled>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
         "rows kernel shared memory");
   const unsigned ctas = static_cast<unsigned>(s.rows / kRowThreads);
-  auto call = [&](int i) {
-    const uint8_t* p = g_buf + (i % regions(bytes)) * region_stride(bytes);
-    rows_kernel<B, ST, Tiled><<<ctas, kRowThreads, smem>>>(p, s.k, g_xor + i % kIters);
-  };
-  check(cudaMemset(g_xor, 0, sizeof(uint32_t) * kIters), "xor clear");
-  for (int i = 0; i < static_cast<int>(want.size()); ++i) call(i);
-  check(cudaGetLastError(), "rows kernel");
-  const std::vector<uint32_t> got = read_xors(static_cast<int>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i)
-    if (got[i] != want[i]) {
-      std::fprintf(stderr, "rows B=%d ST=%d %s on %s: XOR of region %zu is %08x, the stream kernel's %08x\n", B, ST,
-                   Tiled ? "tiled" : "row-major", s.name, i, got[i], want[i]);
-      return false;
-    }
-  const double us = time_calls(call);
-  report(std::string("rows B=") + std::to_string(B) + " ST=" + std::to_string(ST) + (Tiled ? " tiled" : " row-major"), s, us);
-  return true;
+  return check_then_time(
+      std::string("rows B=") + std::to_string(B) + " ST=" + std::to_string(ST) + (Tiled ? " tiled" : " row-major"), s, want,
+      [&](int i) { rows_kernel<B, ST, Tiled><<<ctas, kRowThreads, smem>>>(region(s, i), s.k, g_xor + i % kIters); });
 }
 
 template <int B, int ST, int V>
 bool run_wring(const Shape& s, const std::vector<uint32_t>& want) {
-  const size_t bytes = static_cast<size_t>(s.rows) * s.k;
   if (s.k % B != 0 || s.rows % 32 != 0) return true;
   const size_t smem = size_t{V} * ST * 32 * B;
   check(cudaFuncSetAttribute(wring_kernel<B, ST, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
         "wring kernel shared memory");
   const unsigned ctas = static_cast<unsigned>((s.rows / 32 + V - 1) / V);
-  auto call = [&](int i) {
-    const uint8_t* p = g_buf + (i % regions(bytes)) * region_stride(bytes);
-    wring_kernel<B, ST, V><<<ctas, V * 32, smem>>>(p, s.rows, s.k, g_xor + i % kIters);
-  };
-  check(cudaMemset(g_xor, 0, sizeof(uint32_t) * kIters), "xor clear");
-  for (int i = 0; i < static_cast<int>(want.size()); ++i) call(i);
-  check(cudaGetLastError(), "wring kernel");
-  const std::vector<uint32_t> got = read_xors(static_cast<int>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i)
-    if (got[i] != want[i]) {
-      std::fprintf(stderr, "wring B=%d ST=%d V=%d on %s: XOR of region %zu is %08x, the stream kernel's %08x\n", B, ST, V,
-                   s.name, i, got[i], want[i]);
-      return false;
-    }
-  const double us = time_calls(call);
-  report("wring B=" + std::to_string(B) + " ST=" + std::to_string(ST) + " V=" + std::to_string(V), s, us);
-  return true;
+  return check_then_time("wring B=" + std::to_string(B) + " ST=" + std::to_string(ST) + " V=" + std::to_string(V), s, want,
+                         [&](int i) { wring_kernel<B, ST, V><<<ctas, V * 32, smem>>>(region(s, i), s.rows, s.k, g_xor + i % kIters); });
 }
 
+// W for a shape as the decode kernels pick it: enough warps for about two waves of 16 an SM.
 int launcher_w(const Shape& s) {
   const int64_t tiles = s.rows / 16, want = int64_t{g_sms} * 32;
   int W = 1;

@@ -19,8 +19,9 @@
 // per tile then; 8 rows, now chosen at m <= 2, ran 5.9 against 7.6 us with PDL at m = 1), the index
 // keys m = 2 / 4: 11.7 / 16.3 -> 8.2 / 11.9 us (m = 1 unchanged, ~5.5 us), weights_proj m = 1 / 2 /
 // 4: 10.4 / 14.2 / 23.8 -> 7.6 / 12.5 / 20.7 us. wo_a and the head stay on the tiled kernel below
-// (streamed they were slower). The head at decode sizes (m <= 4, enough rows that this kernel
-// would not split K) takes one cp.async ring a warp instead (dense_ring.cu, same arithmetic).
+// (streamed they were slower); at m <= 4 both now take one cp.async ring a warp (dense_ring.cu,
+// same arithmetic), which reads them near the copy rate; this kernel keeps the calls of too few
+// rows for the ring's tiles and the m > 4 ones.
 //
 // Calls of many activation rows with enough output tiles (prefill: wo_a) take the register-tiled
 // GEMM in dense_gemm.cu instead (same arithmetic; raw::dense_gemm_takes decides).
@@ -343,8 +344,8 @@ cudaError_t launch_dense(const DenseArgs& a, cudaStream_t st) {
   // tiled path: 16-byte aligned weight rows, x rows and group offsets
   const bool aligned = a.in % 8 == 0 && a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
-  // Decode sizes: the weight-streaming kernel (dense_stream.cu) where its plan fits; the head's
-  // many rows on one ring a warp (dense_ring.cu).
+  // Decode sizes: the weight-streaming kernel (dense_stream.cu) where its plan fits; the head and
+  // wo_a on one ring a warp (dense_ring.cu).
   if (raw::dense_stream_takes(a)) return raw::dense_stream(a, st);
   if (raw::dense_ring_takes(a)) return raw::dense_ring(a, st);
   // Prefill passes' bf16 calls of many rows (wo_a) where the caller allows it: the tensor cores

@@ -9,7 +9,8 @@
 // write-after-read: a buffer the previous kernel still reads is not written before it finished).
 // The one exception is weights, which no kernel writes: some kernels start loading (or L2-
 // prefetching) weight tiles before the wait, overlapping the previous kernel's tail (the Lin8
-// GEMV's prefetch, the tensor-core Lin8 GEMM, dense_stream, the mix and the cluster norm).
+// GEMV's prefetch, the tensor-core Lin8 GEMM, dense_stream, dense_ring, the tiled dense kernel,
+// the mix and the cluster norm).
 //
 // dev::pdl_launch_dependents() lets the NEXT kernel of the stream be scheduled; the op kernels call
 // it right after pdl_wait (the next kernel waits for this one's completion anyway, so the trigger

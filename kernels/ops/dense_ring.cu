@@ -5,7 +5,10 @@
 // of bf16) that read pattern alone, loads and nothing else, reaches 3.57 TB/s on the H200
 // (tests/bench/bench_gpu_read_ceiling, "rows"); the same pieces staged by each warp for its own 32
 // rows, waited for by that warp alone, reach 3.81 TB/s ("wring": deeper rings, wider pieces or
-// fewer warps a CTA did not do better). This kernel is that pattern with the arithmetic added.
+// fewer warps a CTA did not do better). This kernel is that pattern with the arithmetic added;
+// measured on H200 (bench_gpu_linear --dense decode, bench/RESULTS.md), tiled -> ring, us at m = 1 /
+// 2 / 4: head 381 / 405 / 518 -> 311 / 316 / 344 (4.26 TB/s at one token), wo_a 28.0 / 32.6 / 43.9
+// -> 19.5 / 21.9 / 26.7.
 //
 // Layout: a CTA of 4 warps; warp w owns 32 consecutive output rows, lane l row l, and runs its R
 // chains (one an activation row) exactly as the CPU does: fma chains over 256-wide K blocks from
